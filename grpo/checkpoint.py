@@ -1,0 +1,188 @@
+"""Joint AR / block-diffusion checkpoints (SPEC §2): load, validate, and make them.
+
+A joint checkpoint is an ordinary Hugging Face folder (a `GlmOcrForConditionalGeneration` with its processor,
+or any `AutoModelForCausalLM` with its tokenizer) whose tokenizer holds `<|mask|>` and which carries
+`block_diffusion.json` beside the weights.
+
+Example:
+    >>> ckpt = load_checkpoint("tiny", need_drafter=True)
+    >>> ckpt.bd.bd_size, ckpt.is_vlm
+    (32, False)
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+MASK_TOKEN = "<|mask|>"
+BD_FILE = "block_diffusion.json"
+TINY_MODEL = Path(__file__).resolve().parent.parent / "data" / "tiny" / "model"
+VLM_MODEL_TYPES = ("glm_ocr",)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that cannot serve the requested use; the message names the file and field."""
+
+
+@dataclass
+class BlockDiffusionConfig:
+    """Contents of `block_diffusion.json`: draft block size B, the `<|mask|>` id and the joint-training settings."""
+
+    bd_size: int
+    mask_id: int
+    ar_loss_weight: float = 1.0
+    mask_schedule: str = "uniform"
+
+    def __post_init__(self) -> None:
+        for name, kind in (("bd_size", int), ("mask_id", int)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, kind):
+                raise CheckpointError(f"{BD_FILE}: field {name!r} must be an integer, got {value!r}")
+        if self.bd_size < 1:
+            raise CheckpointError(f"{BD_FILE}: field 'bd_size' must be >= 1, got {self.bd_size}")
+        if isinstance(self.ar_loss_weight, bool) or not isinstance(self.ar_loss_weight, (int, float)) \
+                or self.ar_loss_weight < 0:
+            raise CheckpointError(
+                f"{BD_FILE}: field 'ar_loss_weight' must be a number >= 0, got {self.ar_loss_weight!r}")
+        if not isinstance(self.mask_schedule, str) or not self.mask_schedule:
+            raise CheckpointError(f"{BD_FILE}: field 'mask_schedule' must be a non-empty string")
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "BlockDiffusionConfig":
+        path = Path(directory) / BD_FILE
+        if not path.is_file():
+            raise CheckpointError(
+                f"{path} is missing: this checkpoint has no block-diffusion drafter. Make a joint checkpoint with "
+                f"grpo.checkpoint.add_mask_token + save_joint_checkpoint (or `gravity-grpo joint`).")
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise CheckpointError(f"{path}: not valid JSON ({err})") from err
+        if not isinstance(raw, dict):
+            raise CheckpointError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in ("bd_size", "mask_id"):
+            if key not in raw:
+                raise CheckpointError(f"{path}: required field {key!r} is missing")
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            logger.warning("%s: ignoring unknown fields %s", path, unknown)
+        try:
+            return cls(**{k: v for k, v in raw.items() if k in known})
+        except CheckpointError as err:
+            raise CheckpointError(f"{path}: {err}") from err
+
+    def save(self, directory: str | Path) -> Path:
+        path = Path(directory) / BD_FILE
+        path.write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
+        return path
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: `processor` is the tokenizer for text-only models, the HF processor for GLM-OCR."""
+
+    model: Any
+    processor: Any
+    bd: BlockDiffusionConfig | None
+    is_vlm: bool
+    path: Path
+
+
+def resolve_model(spec: str | Path) -> Path:
+    """`"tiny"` -> the committed tiny default checkpoint (`data/tiny/model`); anything else is a folder."""
+    path = TINY_MODEL if str(spec) == "tiny" else Path(spec)
+    if not (path / "config.json").is_file():
+        hint = " (the tiny default is built by the joint-training stage)" if str(spec) == "tiny" else ""
+        raise CheckpointError(f"model {spec!r}: no Hugging Face checkpoint at {path} (config.json missing){hint}")
+    return path
+
+
+def tokenizer_of(processor: Any) -> Any:
+    """The tokenizer inside a processor (or the tokenizer itself)."""
+    return getattr(processor, "tokenizer", processor)
+
+
+def _load_processor(path: Path, is_vlm: bool) -> Any:
+    from transformers import AutoProcessor, AutoTokenizer
+
+    if is_vlm and (path / "preprocessor_config.json").is_file():
+        try:
+            return AutoProcessor.from_pretrained(path)
+        except ImportError as err:  # e.g. an image processor needing torchvision
+            logger.warning("%s: cannot build the image processor (%s); loading the tokenizer only", path, err)
+    return AutoTokenizer.from_pretrained(path)
+
+
+def check_mask_id(bd: BlockDiffusionConfig, model: Any, processor: Any, path: Path) -> None:
+    """Refuse a `mask_id` outside the embedding matrix or the tokenizer's vocabulary."""
+    n_embed = model.get_input_embeddings().num_embeddings
+    n_vocab = len(tokenizer_of(processor))
+    if not 0 <= bd.mask_id < min(n_embed, n_vocab):
+        raise CheckpointError(
+            f"{path / BD_FILE}: field 'mask_id' = {bd.mask_id} is out of vocabulary "
+            f"(tokenizer has {n_vocab} tokens, embedding matrix {n_embed} rows)")
+
+
+def load_checkpoint(spec: str | Path, need_drafter: bool = False,
+                    dtype: torch.dtype = torch.float32) -> Checkpoint:
+    """Load model + tokenizer/processor + block-diffusion config from a folder (or `"tiny"`), in eval mode.
+
+    With `need_drafter=True` a missing or invalid `block_diffusion.json` raises `CheckpointError`; otherwise an
+    absent file gives `bd=None`.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    path = resolve_model(spec)
+    config = AutoConfig.from_pretrained(path)
+    is_vlm = config.model_type in VLM_MODEL_TYPES
+    auto = AutoModelForImageTextToText if is_vlm else AutoModelForCausalLM
+    model = auto.from_pretrained(path, dtype=dtype).eval()
+    processor = _load_processor(path, is_vlm)
+    bd = None
+    if need_drafter or (path / BD_FILE).is_file():
+        bd = BlockDiffusionConfig.load(path)
+        check_mask_id(bd, model, processor, path)
+        if need_drafter and bd.ar_loss_weight == 0:
+            logger.warning("%s: ar_loss_weight is 0, the AR path was not trained to verify drafts", path / BD_FILE)
+    return Checkpoint(model=model, processor=processor, bd=bd, is_vlm=is_vlm, path=path)
+
+
+def add_mask_token(model: Any, tokenizer: Any) -> int:
+    """Add `<|mask|>` to the tokenizer (a processor is accepted too) and give it an embedding row; return its id.
+
+    The new row (and the output row of an untied head) is initialised to the mean of the existing rows.
+    Idempotent: a tokenizer that already holds the token keeps its id.
+    """
+    tokenizer = tokenizer_of(tokenizer)
+    if MASK_TOKEN not in tokenizer.get_vocab():
+        tokenizer.add_tokens([MASK_TOKEN], special_tokens=True)
+    mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
+    if mask_id >= model.get_input_embeddings().num_embeddings:
+        model.resize_token_embeddings(len(tokenizer), mean_resizing=True)
+    return mask_id
+
+
+def save_joint_checkpoint(model: Any, processor: Any, out_dir: str | Path, bd_size: int,
+                          ar_loss_weight: float = 1.0) -> BlockDiffusionConfig:
+    """Write weights, tokenizer/processor and `block_diffusion.json` to `out_dir`; return the written config."""
+    mask_id = tokenizer_of(processor).convert_tokens_to_ids(MASK_TOKEN)
+    unk = tokenizer_of(processor).unk_token_id
+    if mask_id is None or (unk is not None and mask_id == unk):
+        raise CheckpointError(f"the tokenizer has no {MASK_TOKEN} token: call add_mask_token(model, tokenizer) first")
+    bd = BlockDiffusionConfig(bd_size=bd_size, mask_id=mask_id, ar_loss_weight=ar_loss_weight)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    check_mask_id(bd, model, processor, out)
+    bd.save(out)
+    return bd

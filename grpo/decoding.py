@@ -1,0 +1,120 @@
+"""The cache machinery the three decoders share: one prompt, batch size 1, a DynamicCache, greedy top-1.
+
+Invariant between rounds (SPEC §5): the cache holds the causal states of the prompt and of every committed
+output token except the last one, the boundary token `x0`, which the next forward feeds.
+
+Positions: a text model puts token `i` of the sequence at position `i`; GLM-OCR (3D M-RoPE) puts the prompt
+at the positions of its rope index and every later token `i` at `i + rope_delta` on all three axes, as
+`generate` does.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class DecodeResult:
+    """What one decode produced and what it cost (prefill excluded from `forwards`)."""
+
+    tokens: list[int]                                  # committed output ids, stop token included
+    forwards: int = 0                                  # draft + verify (or AR steps, or denoise + cache-write)
+    rounds: int = 0                                    # self-spec rounds / diffusion blocks / AR steps
+    accepted: list[int] = field(default_factory=list)  # accepted drafts per verified self-spec round
+
+
+@functools.lru_cache(maxsize=32)
+def window_mask(size: int, dtype: torch.dtype, device: str) -> torch.Tensor:
+    """Additive mask (1, 1, size, size) of the draft window `[x0, M×(size-1)]` over itself.
+
+    Row 0 (x0) is causal: it sees none of the masks. Mask rows see the whole window. The cache columns,
+    all visible, are prepended by `Session.forward`.
+    """
+    mask = torch.zeros(1, 1, size, size, dtype=dtype, device=device)
+    mask[0, 0, 0, 1:] = torch.finfo(dtype).min
+    return mask
+
+
+def stop_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    """EOS ids from the generation config and the tokenizer (the ids `generate` stops at)."""
+    ids: set[int] = set()
+    gen = getattr(model, "generation_config", None)
+    for value in (getattr(gen, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value is not None:
+            ids.update(int(v) for v in value)
+    if not ids:
+        raise ValueError("no EOS token: set generation_config.eos_token_id or the tokenizer's eos_token")
+    return frozenset(ids)
+
+
+def truncate(run: list[int], stop_ids: frozenset[int], room: int) -> tuple[list[int], bool]:
+    """Cut a newly committed run at its first stop token (kept) or after `room` tokens; return (run, finished)."""
+    for i, tok in enumerate(run[:room]):
+        if tok in stop_ids:
+            return run[: i + 1], True
+    return run[:room], len(run) >= room
+
+
+class Session:
+    """One prompt's KV cache, with position bookkeeping and a forward counter."""
+
+    def __init__(self, model: Any):
+        from transformers import DynamicCache
+
+        self.model = model
+        self.cache = DynamicCache(config=model.config)
+        self.device = model.device
+        self.dtype = model.get_input_embeddings().weight.dtype
+        self.mrope = hasattr(getattr(model, "model", None), "get_rope_index")
+        self.rope_delta = 0
+        self.forwards = 0
+
+    @property
+    def length(self) -> int:
+        return self.cache.get_seq_length()
+
+    def prefill(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Run the prompt (with image inputs, if any); return the last position's logits (vocab,)."""
+        inputs = {k: v.to(self.device) for k, v in inputs.items() if k != "attention_mask"}
+        ids = inputs["input_ids"]
+        if ids.shape[0] != 1:
+            raise ValueError(f"decoders take one prompt at a time, got a batch of {ids.shape[0]}")
+        if self.mrope and "image_grid_thw" in inputs:
+            positions, delta = self.model.model.get_rope_index(
+                ids, mm_token_type_ids=inputs["mm_token_type_ids"], image_grid_thw=inputs["image_grid_thw"])
+            self.rope_delta = int(delta.reshape(-1)[0])
+        else:
+            positions = self._positions(0, ids.shape[1])
+        out = self.model(**inputs, position_ids=positions, past_key_values=self.cache, use_cache=True,
+                         logits_to_keep=1)
+        return out.logits[0, -1]
+
+    def forward(self, ids: list[int], draft: bool = False) -> torch.Tensor:
+        """Feed `ids` after the cache: causal, or as a draft window `[x0, masks]`; return logits (len(ids), vocab)."""
+        n, past = len(ids), self.length
+        mask = None
+        if draft:
+            mask = torch.nn.functional.pad(window_mask(n, self.dtype, str(self.device)), (past, 0))
+        out = self.model(input_ids=torch.tensor([ids], device=self.device), attention_mask=mask,
+                         position_ids=self._positions(past, n), past_key_values=self.cache, use_cache=True)
+        self.forwards += 1
+        return out.logits[0]
+
+    def crop_to(self, length: int) -> None:
+        """Drop cached states beyond the first `length` (DynamicCache.crop takes minus the count to drop)."""
+        extra = self.length - length
+        if extra < 0:
+            raise RuntimeError(f"cache holds {self.length} states, cannot crop to {length}")
+        if extra:
+            self.cache.crop(-extra)
+
+    def _positions(self, start: int, n: int) -> torch.Tensor:
+        pos = torch.arange(start, start + n, device=self.device).unsqueeze(0)  # (1, n)
+        if self.mrope:
+            return (pos + self.rope_delta).unsqueeze(0).expand(3, 1, n)       # (3 axes, 1, n)
+        return pos

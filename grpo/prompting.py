@@ -1,0 +1,58 @@
+"""Turn one prompt-pool row (SPEC §3) into model inputs for HF decoding: the only place that does so.
+
+Text-only policies: the tokenizer applied to `row["prompt"]` as plain text with its default special tokens,
+which is what vLLM `LLM.generate(str)` and TRL do with a plain-string prompt. GLM-OCR: the processor's chat
+template with the image then the task prompt, as TRL renders a conversational VLM prompt.
+
+Example:
+    >>> encode_prompt(tokenizer, {"prompt": "Text Recognition:\\nhello"}, is_vlm=False)["input_ids"].shape
+    torch.Size([1, 24])
+"""
+from __future__ import annotations
+
+import io
+from typing import Any, Mapping
+
+import torch
+
+
+def _field(row: Mapping[str, Any], name: str) -> Any:
+    if name not in row or row[name] is None:
+        raise ValueError(f"pool row has no {name!r} field (fields: {sorted(row)})")
+    return row[name]
+
+
+def load_image(value: Any) -> Any:
+    """A PIL RGB image from a PIL image, bytes, a path, or a `datasets` image dict ({'bytes', 'path'})."""
+    from PIL import Image
+
+    if isinstance(value, Mapping):
+        value = value.get("bytes") or value.get("path")
+    if isinstance(value, (bytes, bytearray)):
+        value = Image.open(io.BytesIO(value))
+    elif isinstance(value, str):
+        value = Image.open(value)
+    if not isinstance(value, Image.Image):
+        raise ValueError(f"pool row field 'image': cannot read an image from {type(value).__name__}")
+    return value.convert("RGB")
+
+
+def vlm_messages(image: Any, prompt: str) -> list[dict]:
+    """One user turn holding the crop and the task prompt (GLM-OCR's request format)."""
+    return [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": prompt}]}]
+
+
+def encode_prompt(processor: Any, row: Mapping[str, Any], is_vlm: bool) -> dict[str, torch.Tensor]:
+    """Model inputs (batch of one, tensors) for one pool row."""
+    prompt = _field(row, "prompt")
+    if not isinstance(prompt, str):
+        raise ValueError(f"pool row field 'prompt' must be a string, got {type(prompt).__name__}")
+    if not is_vlm:
+        tokenizer = getattr(processor, "tokenizer", processor)
+        return dict(tokenizer(prompt, return_tensors="pt"))
+    if not hasattr(processor, "image_processor"):
+        raise ValueError("encoding an image prompt needs the model's processor (with its image processor), "
+                         f"got {type(processor).__name__}")
+    messages = vlm_messages(load_image(_field(row, "image")), prompt)
+    return dict(processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                              return_dict=True, return_tensors="pt"))
