@@ -1,0 +1,66 @@
+"""PIL renderings of synthetic crops for vision-language policies (PIL's built-in font, nothing downloaded).
+
+Text and formulas are drawn as their lines; a table as a ruled grid of its serialized rows (span marks
+`{rN}`/`{cN}` widen or lengthen the cell).
+
+Example:
+    >>> from data.synthetic import generate
+    >>> render_row(generate("tiny-probe", 1)[0]).mode
+    'RGB'
+"""
+from __future__ import annotations
+
+import re
+
+from PIL import Image, ImageDraw, ImageFont
+
+_PAD, _LINE_H, _CHAR_W, _CELL_W = 6, 16, 7, 90
+_SPAN = re.compile(r"^((?:\{[rc]\d\})*)(.*)$", re.S)
+
+
+def _font():
+    return ImageFont.load_default()
+
+
+def _render_lines(lines: list[str]) -> Image.Image:
+    width = max(len(line) for line in lines) * _CHAR_W + 2 * _PAD
+    image = Image.new("RGB", (max(width, 32), len(lines) * _LINE_H + 2 * _PAD), "white")
+    draw = ImageDraw.Draw(image)
+    for i, line in enumerate(lines):
+        draw.text((_PAD, _PAD + i * _LINE_H), line, fill="black", font=_font())
+    return image
+
+
+def _render_table(rows: list[str]) -> Image.Image:
+    parsed = []
+    for row in rows:
+        cells = []
+        for cell in row.split("|"):
+            marks, text = _SPAN.match(cell).groups()
+            rowspan = int(m.group(1)) if (m := re.search(r"\{r(\d)\}", marks)) else 1
+            colspan = int(m.group(1)) if (m := re.search(r"\{c(\d)\}", marks)) else 1
+            cells.append((text, rowspan, colspan))
+        parsed.append(cells)
+    n_cols = max(sum(c for _, _, c in row) for row in parsed)
+    image = Image.new("RGB", (n_cols * _CELL_W + 2 * _PAD, len(parsed) * 2 * _LINE_H + 2 * _PAD), "white")
+    draw = ImageDraw.Draw(image)
+    occupied: set[tuple[int, int]] = set()
+    for r, row in enumerate(parsed):
+        c = 0
+        for text, rowspan, colspan in row:
+            while (r, c) in occupied:
+                c += 1
+            occupied.update((r + dr, c + dc) for dr in range(rowspan) for dc in range(colspan))
+            x0, y0 = _PAD + c * _CELL_W, _PAD + r * 2 * _LINE_H
+            box = (x0, y0, x0 + colspan * _CELL_W, y0 + rowspan * 2 * _LINE_H)
+            draw.rectangle(box, outline="black")
+            draw.text((x0 + 4, y0 + _LINE_H // 2), text, fill="black", font=_font())
+            c += colspan
+    return image
+
+
+def render_row(row: dict) -> Image.Image:
+    """The crop image of a text-only row (its serialization after the task prompt)."""
+    source = row["prompt"].split("\n", 1)[1] if "\n" in row["prompt"] else row["target"]
+    lines = source.split("\n")
+    return _render_table(lines) if row["task_type"] == "table" else _render_lines(lines)

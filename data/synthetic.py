@@ -1,0 +1,221 @@
+"""Seeded synthetic OCR region crops for the three tasks (text, table, formula), SPEC §3 format.
+
+Each example is one layout region: the GLM-OCR task prompt, the reference transcription (`target`) and,
+for a text-only policy, a faithful serialization of what the crop shows appended to the prompt after a
+newline (text lines as lines; a table as rows of `|`-separated cells in reading order with `{cN}`/`{rN}`
+span marks; a formula as its LaTeX source). Vision-language sets get a PIL rendering (`data.render`).
+
+The splits never share an example: every candidate is assigned to one split by a hash of its content,
+and each split keeps only the candidates of its own bucket.
+
+Example:
+    >>> ds = build_split("tiny-probe")
+    >>> ds[0]["prompt"].split("\\n")[0] in TASK_PROMPTS.values()
+    True
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+
+TASK_PROMPTS = {"text": "Text Recognition:", "table": "Table Recognition:", "formula": "Formula Recognition:"}
+
+# split name -> (rows, generator seed, hash buckets out of 100 it owns)
+SPLITS = {
+    "tiny-train": (60000, 1, range(20, 100)),
+    "tiny": (240, 2, range(10, 20)),
+    "tiny-probe": (60, 3, range(0, 10)),
+}
+
+_WORDS = (
+    "the of and to in is was for on that with as by at from it this be are or an which his her their "
+    "model data table value total mean rate time year city river north south east west group sample "
+    "result method test level price cost sales store order number page line text image paper figure "
+    "report energy water power light heat field force mass speed space point range area volume weight "
+    "first second third last new old small large high low long short early late main local public "
+    "private general special common simple clear open closed full empty final annual daily monthly "
+    "study review growth change trend share market bank fund loan debt cash asset income profit loss "
+    "school student class course grade score exam teacher board member office staff team project plan "
+    "house road street bridge station train plant farm food crop seed tree leaf flower stone metal "
+    "glass paper cloth color shape size form state region country nation world people family child "
+    "doctor patient health care drug dose trial cell gene protein blood heart brain lung bone skin "
+    "shows gives takes makes finds keeps holds moves turns grows falls rises runs reads writes uses "
+    "under over above below between after before during within without across along around through "
+    "Table Figure Section Chapter Note Source Total Mean Year Group Model Method Result Value Rate"
+).split()
+_NAMES = "Alpha Beta Gamma Delta Omega Paris London Berlin Tokyo Lima Oslo Rome Cairo Delhi Seoul".split()
+_UNITS = ("", "", "%", " kg", " m", " s", " $")
+
+_LATEX_VARS = list("abcdxyzntkmpqr") + [r"\alpha", r"\beta", r"\gamma", r"\theta", r"\lambda", r"\mu",
+                                        r"\sigma", r"\pi", r"\phi", r"\omega"]
+_LATEX_BINOPS = ["+", "-", "=", r"\cdot", r"\times", r"\leq", r"\geq", r"\approx", ","]
+_LATEX_FUNCS = [r"\sin", r"\cos", r"\log", r"\exp", r"\ln"]
+
+
+@dataclass(frozen=True)
+class Example:
+    task_type: str
+    source: str   # what the crop shows, serialized for a text-only policy
+    target: str   # the reference transcription
+
+
+def _number(rng: random.Random) -> str:
+    kind = rng.random()
+    if kind < 0.4:
+        return str(rng.randint(0, 999))
+    if kind < 0.8:
+        return f"{rng.uniform(0, 100):.{rng.randint(1, 2)}f}"
+    return f"{rng.randint(1, 99)}{rng.choice(_UNITS)}"
+
+
+def _words(rng: random.Random, n: int) -> list[str]:
+    out = []
+    for _ in range(n):
+        r = rng.random()
+        out.append(_number(rng) if r < 0.1 else rng.choice(_NAMES) if r < 0.15 else rng.choice(_WORDS))
+    return out
+
+
+def gen_text(rng: random.Random) -> Example:
+    """A text line or a short paragraph of 1-3 lines; the target keeps the line breaks."""
+    lines = []
+    for _ in range(rng.choice((1, 1, 2, 3))):
+        words = _words(rng, rng.randint(3, 10))
+        words[0] = words[0][:1].upper() + words[0][1:]
+        line = " ".join(words)
+        lines.append(line + rng.choice(("", ".", ".", ",", ":")))
+    text = "\n".join(lines)
+    return Example("text", text, text)
+
+
+def _table_grid(rng: random.Random) -> list[list[tuple[str, int, int]]]:
+    """Rows of (cell text, rowspan, colspan), already omitting the slots covered by spans."""
+    n_rows, n_cols = rng.randint(2, 4), rng.randint(2, 4)
+    covered = set()
+    rows = []
+    for r in range(n_rows):
+        row = []
+        for c in range(n_cols):
+            if (r, c) in covered:
+                continue
+            rowspan = 2 if r == 1 and r + 1 < n_rows and rng.random() < 0.15 else 1
+            colspan = 2 if r == 0 and c + 1 < n_cols and rng.random() < 0.2 else 1
+            for dr in range(rowspan):
+                for dc in range(colspan):
+                    covered.add((r + dr, c + dc))
+            if r == 0:
+                text = rng.choice(_WORDS[-14:] + _NAMES) if rng.random() < 0.5 else rng.choice(_WORDS)
+            elif c == 0:
+                text = " ".join(_words(rng, rng.randint(1, 2)))
+            else:
+                text = "" if rng.random() < 0.1 else _number(rng)
+            row.append((text, rowspan, colspan))
+        rows.append(row)
+    return rows
+
+
+def gen_table(rng: random.Random) -> Example:
+    """An HTML table with a header row, numbers, empty cells and the odd colspan/rowspan."""
+    rows = _table_grid(rng)
+    lines, html = [], ["<table>"]
+    for row in rows:
+        cells, tags = [], ["<tr>"]
+        for text, rowspan, colspan in row:
+            marks = (f"{{r{rowspan}}}" if rowspan > 1 else "") + (f"{{c{colspan}}}" if colspan > 1 else "")
+            cells.append(marks + text)
+            attrs = (f' rowspan="{rowspan}"' if rowspan > 1 else "") + (f' colspan="{colspan}"' if colspan > 1 else "")
+            tags.append((f"<td{attrs}>" if attrs else "<td>") + text + "</td>")
+        lines.append("|".join(cells))
+        html.extend(tags + ["</tr>"])
+    html.append("</table>")
+    return Example("table", "\n".join(lines), "".join(html))
+
+
+def _atom(rng: random.Random, depth: int) -> str:
+    r = rng.random()
+    if depth < 2 and r < 0.15:
+        return rf"\frac{{{_expr(rng, depth + 1, 3)}}}{{{_expr(rng, depth + 1, 3)}}}"
+    if depth < 2 and r < 0.22:
+        return rf"\sqrt{{{_expr(rng, depth + 1, 3)}}}"
+    if r < 0.3:
+        return rf"{rng.choice(_LATEX_FUNCS)} {rng.choice(_LATEX_VARS)}"
+    base = rng.choice(_LATEX_VARS) if rng.random() < 0.75 else str(rng.randint(0, 99))
+    if r < 0.45:
+        base += f"_{{{rng.choice(_LATEX_VARS[:14] + ['0', '1', '2', 'i', 'j'])}}}"
+    if r > 0.85:
+        base += f"^{{{rng.choice(['2', '3', 'n', 'k', '-1', 'T'])}}}"
+    return base
+
+
+def _expr(rng: random.Random, depth: int, max_atoms: int) -> str:
+    parts = [_atom(rng, depth)]
+    for _ in range(rng.randint(0, max_atoms - 1)):
+        parts += [rng.choice(_LATEX_BINOPS), _atom(rng, depth)]
+    return " ".join(parts)
+
+
+def gen_formula(rng: random.Random) -> Example:
+    """A LaTeX formula: fractions, roots, sub/superscripts, parentheses, now and then an environment."""
+    r = rng.random()
+    if r < 0.1:
+        rows = [" & ".join(_atom(rng, 2) for _ in range(2)) for _ in range(2)]
+        latex = r"\begin{pmatrix} " + r" \\ ".join(rows) + r" \end{pmatrix}"
+    elif r < 0.2:
+        latex = rf"\left( {_expr(rng, 1, 3)} \right) {rng.choice(_LATEX_BINOPS[:3])} {_expr(rng, 1, 2)}"
+    else:
+        latex = _expr(rng, 0, rng.randint(2, 5))
+    return Example("formula", latex, latex)
+
+
+GENERATORS = {"text": gen_text, "table": gen_table, "formula": gen_formula}
+
+
+def prompt_for(example: Example) -> str:
+    """The text-only prompt: task prompt, newline, the serialized crop."""
+    return f"{TASK_PROMPTS[example.task_type]}\n{example.source}"
+
+
+def _bucket(example: Example) -> int:
+    digest = hashlib.sha1(f"{example.task_type}\0{example.source}\0{example.target}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") % 100
+
+
+def generate(name: str, n: int | None = None) -> list[dict]:
+    """Rows of split `name` (text-only columns), tasks in equal shares, deterministic."""
+    if name not in SPLITS:
+        raise ValueError(f"unknown synthetic split {name!r}; valid: {', '.join(SPLITS)}")
+    size, seed, buckets = SPLITS[name]
+    n = size if n is None else n
+    rng = random.Random(seed)
+    tasks = list(GENERATORS)
+    rows, seen = [], set()
+    while len(rows) < n:
+        task = tasks[len(rows) % len(tasks)]
+        example = GENERATORS[task](rng)
+        if _bucket(example) not in buckets or (example.source, example.target) in seen:
+            continue
+        seen.add((example.source, example.target))
+        rows.append({"prompt": prompt_for(example), "target": example.target, "task_type": task})
+    return rows
+
+
+def build_split(name: str, n: int | None = None, with_images: bool = False):
+    """The built-in split `name` (`tiny-train`, `tiny`, `tiny-probe`) as a `datasets.Dataset`.
+
+    `with_images=True` adds an `image` column (PIL rendering of the crop) and sets `prompt` to the bare
+    task prompt, as a vision-language policy expects.
+    """
+    import datasets
+
+    rows = generate(name, n)
+    if with_images:
+        from data.render import render_row
+
+        for row in rows:
+            row["image"] = render_row(row)
+            row["prompt"] = row["prompt"].split("\n", 1)[0]
+        features = datasets.Features({"prompt": datasets.Value("string"), "target": datasets.Value("string"),
+                                      "task_type": datasets.Value("string"), "image": datasets.Image()})
+        return datasets.Dataset.from_list(rows, features=features)
+    return datasets.Dataset.from_list(rows)
