@@ -1,0 +1,227 @@
+"""Batch scoring and `ocr_reward`, the TRL reward function.
+
+`score_many` deduplicates identical (pred, ref, task) triples, groups the rest by reference (so a
+worker parses each reference once: `rewards.table.parse_table` and the gate are cached per process),
+and scores the groups in a pool of spawned worker processes (spawned, not forked, so a parent holding
+torch or vLLM threads is safe).
+
+Bounds, so that a pathological output gets a low score and never hangs the trainer:
+- `rewards.scoring.MAX_PRED_CHARS` and the tree bounds of `rewards.ted` cap the work per completion;
+- each completion gets `timeout_s` seconds (SIGALRM in the scoring process); past it, it scores
+  `TIMEOUT_SCORE` with the component `timeout`;
+- the parent waits at most `timeout_s * (rounds + 2) + POOL_START_S` for the whole batch; past that the
+  pool is killed (and rebuilt on the next call) and the unfinished completions score `TIMEOUT_SCORE`.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import math
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+from rewards.gate import check_gate
+from rewards.result import RewardResult
+from rewards.scoring import check_task, score
+
+log = logging.getLogger(__name__)
+
+TIMEOUT_S = 10.0      # per completion; a 100x10 table scores in well under 0.1 s
+TIMEOUT_SCORE = 0.0   # the reward of a completion that ran out of time
+POOL_START_S = 60.0   # slack for spawning workers (imports, numba cache) in the batch deadline
+MIN_PARALLEL = 32     # smaller batches are scored in the calling process
+
+_pools: dict[int, multiprocessing.pool.Pool] = {}
+
+
+class _Timeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float):
+    """Raise `_Timeout` in this block after `seconds` (only in a main thread; elsewhere no limit)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def on_alarm(signum, frame):
+        raise _Timeout
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _timed_out(task: str) -> RewardResult:
+    return RewardResult(TIMEOUT_SCORE, {"timeout": 1.0}, task)
+
+
+def _score_chunk(chunk: list[tuple[int, str, str, str]], gate: str, timeout_s: float):
+    """Score (key, pred, ref, task) items; returns [(key, RewardResult)]."""
+    out = []
+    for key, pred, ref, task in chunk:
+        try:
+            with _time_limit(timeout_s):
+                result = score(pred, ref, task, gate)
+        except _Timeout:
+            log.warning("reward of item %d (%s) ran past %.1f s; scored %.1f", key, task, timeout_s,
+                        TIMEOUT_SCORE)
+            result = _timed_out(task)
+        out.append((key, result))
+    return out
+
+
+def _score_chunk_args(args):
+    return _score_chunk(*args)
+
+
+def _warm_worker() -> None:
+    """Compile (or load from numba's disk cache) the tree-edit kernel before the first table."""
+    score("<table><tr><td>a</td></tr></table>", "<table><tr><td>b</td></tr></table>", "table")
+
+
+def _pool(workers: int) -> multiprocessing.pool.Pool:
+    if workers not in _pools:
+        pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_warm_worker)
+        atexit.register(pool.terminate)
+        _pools[workers] = pool
+    return _pools[workers]
+
+
+def _drop_pool(workers: int) -> None:
+    pool = _pools.pop(workers, None)
+    if pool is not None:
+        pool.terminate()
+
+
+def default_workers() -> int:
+    """Worker processes for batches: the CPUs this process may use, at most 8."""
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(8, available or 1))
+
+
+def _chunks(items: list[tuple[int, str, str, str]], size: int) -> list[list[tuple[int, str, str, str]]]:
+    """Items grouped by (task, reference), each group cut into pieces of at most `size`."""
+    groups = defaultdict(list)
+    for item in items:
+        groups[(item[3], item[2])].append(item)
+    return [group[i:i + size] for group in groups.values() for i in range(0, len(group), size)]
+
+
+def _validate(preds: Sequence, refs: Sequence, tasks: Sequence) -> None:
+    if not len(preds) == len(refs) == len(tasks):
+        raise ValueError(f"lengths differ: {len(preds)} predictions, {len(refs)} references (target), "
+                         f"{len(tasks)} tasks (task_type)")
+    for index, (pred, ref, task) in enumerate(zip(preds, refs, tasks)):
+        if not isinstance(pred, str):
+            raise ValueError(f"row {index}: prediction is {type(pred).__name__}, not str")
+        if not isinstance(ref, str):
+            raise ValueError(f"row {index}: reference (target) is {type(ref).__name__}, not str")
+        try:
+            check_task(task)
+        except ValueError as err:
+            raise ValueError(f"row {index}: {err}") from None
+
+
+def score_many(preds: Sequence[str], refs: Sequence[str], tasks: Sequence[str], gate: str = "relative",
+               workers: int | None = None, timeout_s: float = TIMEOUT_S,
+               on_progress: Callable[[int, int], None] | None = None) -> list[RewardResult]:
+    """`score` over a batch: deduplicated, grouped by reference, in worker processes when it pays.
+
+    `on_progress(done, total)` is called as groups finish (counts of distinct items).
+    """
+    _validate(preds, refs, tasks)
+    check_gate(gate)
+    keys: dict[tuple[str, str, str], int] = {}
+    index_keys = [keys.setdefault((pred, ref, task), len(keys)) for pred, ref, task in zip(preds, refs, tasks)]
+    items = [(key, pred, ref, task) for (pred, ref, task), key in keys.items()]
+    workers = default_workers() if workers is None else max(1, workers)
+    results: dict[int, RewardResult] = {}
+
+    def collect(done: list[tuple[int, RewardResult]]) -> None:
+        results.update(done)
+        if on_progress is not None:
+            on_progress(len(results), len(items))
+
+    if workers == 1 or len(items) < MIN_PARALLEL:
+        for chunk in _chunks(items, size=len(items) or 1):
+            collect(_score_chunk(chunk, gate, timeout_s))
+    else:
+        chunks = _chunks(items, size=math.ceil(len(items) / (4 * workers)))
+        deadline = time.monotonic() + timeout_s * (math.ceil(len(items) / workers) + 2) + POOL_START_S
+        finished = _pool(workers).imap_unordered(_score_chunk_args, [(c, gate, timeout_s) for c in chunks])
+        try:
+            for _ in chunks:
+                collect(finished.next(timeout=max(0.0, deadline - time.monotonic())))
+        except multiprocessing.TimeoutError:
+            log.error("reward batch ran past its deadline; %d of %d items scored %.1f, pool restarted",
+                      len(items) - len(results), len(items), TIMEOUT_SCORE)
+            _drop_pool(workers)
+    by_key = {key: results.get(key) or _timed_out(task) for key, _, _, task in items}
+    return [by_key[key] for key in index_keys]
+
+
+def completion_text(completion) -> str:
+    """The text of a TRL completion: a string, or chat messages (the last assistant message's text)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        completion = [completion]
+    messages = [m for m in completion if isinstance(m, dict)]
+    replies = [m for m in messages if m.get("role") == "assistant"] or messages
+    content = replies[-1].get("content", "") if replies else ""
+    if isinstance(content, list):  # multimodal content parts
+        return "".join(part.get("text", "") for part in content
+                       if isinstance(part, dict) and part.get("type", "text") == "text")
+    return "" if content is None else str(content)
+
+
+def log_means(results: Sequence[RewardResult], log_metric: Callable[[str, float], None]) -> None:
+    """Per task: the mean reward (`ocr/<task>/reward`) and each component's mean (`ocr/<task>/<name>`,
+    over the completions that have it)."""
+    by_task = defaultdict(list)
+    for result in results:
+        by_task[result.task].append(result)
+    for task, group in by_task.items():
+        log_metric(f"ocr/{task}/reward", sum(r.value for r in group) / len(group))
+        values = defaultdict(list)
+        for result in group:
+            for name, value in result.components.items():
+                values[name].append(value)
+        for name, vals in values.items():
+            log_metric(f"ocr/{task}/{name}", sum(vals) / len(vals))
+
+
+class OcrReward:
+    """The task-aware OCR reward with TRL's reward-function signature (picklable, named `ocr_reward`).
+
+    >>> OcrReward(workers=1)(None, ["<table><tr><td>a</td></tr></table>"],
+    ...                      target=["<table><tr><td>a</td></tr></table>"], task_type=["table"])
+    [1.0]
+    """
+
+    def __init__(self, gate: str = "relative", workers: int | None = None, timeout_s: float = TIMEOUT_S):
+        check_gate(gate)
+        self.gate, self.workers, self.timeout_s = gate, workers, timeout_s
+        self.__name__ = "ocr_reward"
+
+    def __call__(self, prompts, completions, target, task_type, log_metric=None, **kwargs) -> list[float]:
+        texts = [completion_text(c) for c in completions]
+        results = score_many(texts, target, task_type, self.gate, self.workers, self.timeout_s)
+        if log_metric is not None:
+            log_means(results, log_metric)
+        return [result.value for result in results]
+
+
+ocr_reward = OcrReward()
