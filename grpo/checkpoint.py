@@ -117,8 +117,9 @@ def _load_processor(path: Path, is_vlm: bool) -> Any:
     if is_vlm and (path / "preprocessor_config.json").is_file():
         try:
             return AutoProcessor.from_pretrained(path)
-        except ImportError as err:  # e.g. an image processor needing torchvision
-            logger.warning("%s: cannot build the image processor (%s); loading the tokenizer only", path, err)
+        except (ImportError, AttributeError) as err:  # GLM's processor needs torchvision for its video part
+            raise CheckpointError(f"{path}: cannot build the GLM-OCR processor ({err!r}); it needs torchvision "
+                                  "installed beside torch") from err
     return AutoTokenizer.from_pretrained(path)
 
 

@@ -66,6 +66,10 @@ class Session:
     def __init__(self, model: Any):
         from transformers import DynamicCache
 
+        attention = getattr(model.config, "_attn_implementation", None) or "eager"
+        if attention not in ("eager", "sdpa"):
+            raise ValueError(f"the decoders pass float 4D attention masks, which need eager or sdpa attention; "
+                             f"the model uses {attention!r} (load it with attn_implementation='sdpa')")
         self.model = model
         self.cache = DynamicCache(config=model.config)
         self.device = model.device

@@ -7,19 +7,25 @@
   tokenizer.json.)
 - `build_glmocr_checkpoint(dir)`: a tiny `GlmOcrForConditionalGeneration` (vision tower + M-RoPE text
   decoder) with the same kind of tokenizer plus GLM-OCR's image tokens.
-- `glmocr_inputs(model, tokenizer, text, grid)`: prompt inputs with one image, built directly (the real
-  processor needs torchvision).
+- `build_glm_processor(tokenizer)`: GLM-OCR's real `Glm46VProcessor` around the PIL image processor and a
+  GLM-style chat template, for `encode_prompt`.
 """
 from __future__ import annotations
 
 import string
 from pathlib import Path
+from unittest import mock
 
 import torch
 
 EOS = "<|endoftext|>"
 IMAGE_TOKENS = ("<|image|>", "<|begin_of_image|>", "<|end_of_image|>", "<|video|>",
                 "<|begin_of_video|>", "<|end_of_video|>")
+# GLM-OCR's request layout: system prefix, user turn with the image then the task prompt, assistant turn.
+GLM_CHAT_TEMPLATE = (
+    "[gMASK]<sop>{% for m in messages %}<|{{ m.role }}|>\n{% for c in m.content %}"
+    "{% if c.type == 'image' %}<|begin_of_image|><|image|><|end_of_image|>{% else %}{{ c.text }}{% endif %}"
+    "{% endfor %}{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 CHARS = string.ascii_letters + string.digits + string.punctuation + " \n"
 
 
@@ -56,7 +62,7 @@ def build_text_checkpoint(out_dir: Path, bd_size: int = 8, seed: int = 0, hidden
     config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=4096, initializer_range=init_std, tie_word_embeddings=True,
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
+                         eos_token_id=tok.eos_token_id, bos_token_id=None)  # no pad id: its row would be zeros
     model = LlamaForCausalLM(config).eval()
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
@@ -97,22 +103,18 @@ def build_glmocr_checkpoint(out_dir: Path, bd_size: int = 8, seed: int = 0, init
     return out_dir
 
 
-def glmocr_inputs(model, tokenizer, text: str, grid: tuple[int, int] = (4, 6), seed: int = 0) -> dict:
-    """Inputs for one prompt `<|begin_of_image|><|image|>×n<|end_of_image|>{text}` with a random image.
+def build_glm_processor(tokenizer):
+    """`Glm46VProcessor` (GLM-OCR's processor class) with the PIL image processor sized for the tiny model.
 
-    `grid` is the (height, width) in patches; n = h·w / merge². Pixel rows are flattened patches of
-    C·T·P·P values, as the GLM image processor emits them.
+    Without torchvision, transformers cannot resolve the processor's video-processor class to type-check
+    its arguments; only that check is skipped, while building. Encoding runs the real code.
     """
-    vision = model.config.vision_config
-    h, w = grid
-    n_image = h * w // vision.spatial_merge_size ** 2
-    image_ids = tokenizer.convert_tokens_to_ids(["<|begin_of_image|>"] + ["<|image|>"] * n_image
-                                                + ["<|end_of_image|>"])
-    ids = image_ids + tokenizer(text)["input_ids"]
-    gen = torch.Generator().manual_seed(seed)
-    patch = vision.in_channels * vision.temporal_patch_size * vision.patch_size ** 2
-    pixel_values = torch.randn(h * w, patch, generator=gen)
-    types = [1 if i == model.config.image_token_id else 0 for i in ids]
-    return {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long),
-            "pixel_values": pixel_values, "image_grid_thw": torch.tensor([[1, h, w]]),
-            "mm_token_type_ids": torch.tensor([types])}
+    from transformers import Glm46VProcessor
+    from transformers.models.glm46v.image_processing_pil_glm46v import Glm46VImageProcessorPil
+    from transformers.processing_utils import ProcessorMixin
+
+    images = Glm46VImageProcessorPil(patch_size=2, temporal_patch_size=1, merge_size=2,
+                                     size={"shortest_edge": 16, "longest_edge": 64 * 64})
+    with mock.patch.object(ProcessorMixin, "check_argument_for_proper_class", lambda self, name, arg: None):
+        return Glm46VProcessor(image_processor=images, tokenizer=tokenizer, video_processor=None,
+                               chat_template=GLM_CHAT_TEMPLATE)

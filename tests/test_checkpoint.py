@@ -1,0 +1,124 @@
+"""Joint checkpoint format (SPEC §2): load, validate, refuse with messages that name the file and field."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from grpo.checkpoint import (BD_FILE, MASK_TOKEN, TINY_MODEL, BlockDiffusionConfig, CheckpointError,
+                             add_mask_token, load_checkpoint, resolve_model, save_joint_checkpoint)
+from helpers_models import build_char_tokenizer, build_glmocr_checkpoint, build_text_checkpoint
+
+
+@pytest.fixture(scope="module")
+def text_dir(tmp_path_factory):
+    return build_text_checkpoint(tmp_path_factory.mktemp("text"), bd_size=16)
+
+
+@pytest.fixture
+def copy_of(text_dir, tmp_path):
+    def make():
+        target = tmp_path / "ckpt"
+        shutil.copytree(text_dir, target)
+        return target
+    return make
+
+
+def test_text_checkpoint_round_trip(text_dir):
+    ckpt = load_checkpoint(text_dir, need_drafter=True)
+    tokenizer = ckpt.processor
+    assert not ckpt.is_vlm and not ckpt.model.training
+    assert ckpt.bd == BlockDiffusionConfig(bd_size=16, mask_id=tokenizer.convert_tokens_to_ids(MASK_TOKEN))
+    assert ckpt.bd.mask_id == len(tokenizer) - 1
+    assert ckpt.model.get_input_embeddings().num_embeddings == len(tokenizer)
+    assert tokenizer.decode([ckpt.bd.mask_id]) == MASK_TOKEN
+    assert json.loads((text_dir / BD_FILE).read_text()) == {
+        "bd_size": 16, "mask_id": ckpt.bd.mask_id, "ar_loss_weight": 1.0, "mask_schedule": "uniform"}
+
+
+def test_glmocr_checkpoint_loads_as_vlm(tmp_path):
+    ckpt = load_checkpoint(build_glmocr_checkpoint(tmp_path, bd_size=4), need_drafter=True, dtype=torch.float32)
+    assert ckpt.is_vlm and type(ckpt.model).__name__ == "GlmOcrForConditionalGeneration"
+    assert ckpt.bd.bd_size == 4
+    assert ckpt.model.get_output_embeddings().weight.shape[0] == ckpt.bd.mask_id + 1
+
+
+def test_missing_block_diffusion_json(copy_of):
+    path = copy_of()
+    (path / BD_FILE).unlink()
+    assert load_checkpoint(path).bd is None
+    with pytest.raises(CheckpointError, match=f"{BD_FILE} is missing.*no block-diffusion drafter"):
+        load_checkpoint(path, need_drafter=True)
+
+
+@pytest.mark.parametrize("mask_id", [99, 10**6, -1])
+def test_mask_id_out_of_vocabulary(copy_of, mask_id):
+    path = copy_of()
+    bd = json.loads((path / BD_FILE).read_text())
+    (path / BD_FILE).write_text(json.dumps({**bd, "mask_id": mask_id}))
+    with pytest.raises(CheckpointError, match=rf"{BD_FILE}: field 'mask_id' = {mask_id} is out of vocabulary"):
+        load_checkpoint(path, need_drafter=True)
+
+
+@pytest.mark.parametrize("content, field", [
+    ({"mask_id": 3}, "bd_size"),
+    ({"bd_size": 0, "mask_id": 3}, "bd_size"),
+    ({"bd_size": 8, "mask_id": "3"}, "mask_id"),
+    ({"bd_size": 8, "mask_id": 3, "ar_loss_weight": -1}, "ar_loss_weight"),
+    ({"bd_size": 8, "mask_id": 3, "mask_schedule": ""}, "mask_schedule"),
+])
+def test_invalid_fields_are_named(tmp_path, content, field):
+    (tmp_path / BD_FILE).write_text(json.dumps(content))
+    with pytest.raises(CheckpointError, match=rf"{BD_FILE}.*'{field}'"):
+        BlockDiffusionConfig.load(tmp_path)
+
+
+def test_bad_json_names_the_file(tmp_path):
+    (tmp_path / BD_FILE).write_text("{bd_size: 8")
+    with pytest.raises(CheckpointError, match=f"{BD_FILE}: not valid JSON"):
+        BlockDiffusionConfig.load(tmp_path)
+
+
+def test_config_save_load(tmp_path):
+    bd = BlockDiffusionConfig(bd_size=32, mask_id=7, ar_loss_weight=0.5)
+    bd.save(tmp_path)
+    assert BlockDiffusionConfig.load(tmp_path) == bd
+
+
+def test_resolve_model(tmp_path, text_dir):
+    assert resolve_model(str(text_dir)) == text_dir
+    if (TINY_MODEL / "config.json").is_file():
+        assert resolve_model("tiny") == TINY_MODEL
+    else:
+        with pytest.raises(CheckpointError, match="tiny default"):
+            resolve_model("tiny")
+    with pytest.raises(CheckpointError, match="no Hugging Face checkpoint"):
+        resolve_model(tmp_path / "nowhere")
+
+
+def test_add_mask_token_is_idempotent(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = build_char_tokenizer(tmp_path)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2))
+    old = model.get_input_embeddings().weight.detach().clone()
+    mask_id = add_mask_token(model, tokenizer)
+    assert mask_id == old.shape[0] and tokenizer.convert_ids_to_tokens(mask_id) == MASK_TOKEN
+    new = model.get_input_embeddings().weight
+    assert new.shape[0] == old.shape[0] + 1 and torch.equal(new[:-1], old)
+    assert add_mask_token(model, tokenizer) == mask_id
+    assert model.get_input_embeddings().num_embeddings == old.shape[0] + 1
+    assert tokenizer("a" + MASK_TOKEN)["input_ids"][-1] == mask_id  # never split into characters
+
+
+def test_save_without_mask_token_is_refused(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = build_char_tokenizer(tmp_path / "tok")
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2))
+    with pytest.raises(CheckpointError, match="call add_mask_token"):
+        save_joint_checkpoint(model, tokenizer, tmp_path / "out", bd_size=8)

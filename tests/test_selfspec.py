@@ -1,0 +1,222 @@
+"""Decoders (SPEC §5) on tiny random checkpoints in fp32: self-spec == AR greedy == HF generate, round accounting
+with a test double for the draft logits, the draft window against a full-sequence forward, direct diffusion."""
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image
+
+from grpo.checkpoint import load_checkpoint
+from grpo.decoding import Session, stop_token_ids
+from grpo.diffusion_decode import diffusion_generate
+from grpo.prompting import encode_prompt
+from grpo.selfspec import SelfSpecDecoder, ar_generate
+from helpers_models import build_glm_processor, build_glmocr_checkpoint, build_text_checkpoint
+
+MAX_NEW = 48
+TASK_PROMPTS = ("Text Recognition:", "Table Recognition:", "Formula Recognition:")
+N_PROMPTS = 20
+
+
+class Arch:
+    """A loaded tiny checkpoint, its encoded prompts and their AR greedy references (computed once)."""
+
+    def __init__(self, ckpt, processor, rows):
+        self.model, self.bd, self.is_vlm = ckpt.model, ckpt.bd, ckpt.is_vlm
+        self.tokenizer = ckpt.processor
+        self.stops = stop_token_ids(self.model, self.tokenizer)
+        self.inputs = [encode_prompt(processor, row, self.is_vlm) for row in rows]
+        self.references = [ar_generate(self.model, x, self.stops, MAX_NEW).tokens for x in self.inputs]
+
+
+def _text(i: int) -> str:
+    return TASK_PROMPTS[i % 3] + "\n" + "abc de|fg{hi}<tr>"[: 1 + i % 17] * (1 + i // 4)
+
+
+@pytest.fixture(scope="module")
+def text_arch(tmp_path_factory):
+    ckpt = load_checkpoint(build_text_checkpoint(tmp_path_factory.mktemp("text")), need_drafter=True)
+    return Arch(ckpt, ckpt.processor, [{"prompt": _text(i)} for i in range(N_PROMPTS)])
+
+
+@pytest.fixture(scope="module")
+def vlm_arch(tmp_path_factory):
+    ckpt = load_checkpoint(build_glmocr_checkpoint(tmp_path_factory.mktemp("vlm")), need_drafter=True)
+    processor = build_glm_processor(ckpt.processor)
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for i in range(N_PROMPTS):
+        size = (8 + 4 * (i % 5), 8 + 4 * (i % 3))  # (width, height): 4 to 21 image tokens
+        pixels = torch.randint(0, 256, (size[1], size[0], 3), generator=gen, dtype=torch.uint8).numpy()
+        rows.append({"prompt": _text(i), "image": Image.fromarray(pixels)})
+    return Arch(ckpt, processor, rows)
+
+
+@pytest.fixture(params=["text", "vlm"])
+def arch(request) -> Arch:
+    return request.getfixturevalue(f"{request.param}_arch")
+
+
+def test_prompts_are_varied(arch):
+    lengths = {len(r) for r in arch.references}
+    assert len(lengths) >= 4 and max(lengths) == MAX_NEW
+    assert len({x["input_ids"].shape[1] for x in arch.inputs}) >= 10
+    if arch.is_vlm:
+        assert len({tuple(x["image_grid_thw"][0].tolist()) for x in arch.inputs}) >= 5
+
+
+def test_ar_reference_equals_hf_generate(arch):
+    for inputs, reference in list(zip(arch.inputs, arch.references))[:8]:
+        out = arch.model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)
+        assert out[0, inputs["input_ids"].shape[1]:].tolist() == reference
+
+
+@pytest.mark.parametrize("bd_size", [4, 8, 32])
+def test_selfspec_equals_ar_greedy(arch, bd_size):
+    decoder = SelfSpecDecoder(arch.model, arch.bd.mask_id, bd_size, arch.stops, MAX_NEW)
+    for inputs, reference in zip(arch.inputs, arch.references):
+        result = decoder.generate(inputs)
+        assert result.tokens == reference
+        unverified = result.rounds - len(result.accepted)
+        assert unverified in (0, 1) and result.forwards == 2 * len(result.accepted) + unverified
+        assert decoder.session.length == inputs["input_ids"].shape[1] + len(reference) - 1
+
+
+def _full_window_mask(prompt_len: int, bd_size: int) -> torch.Tensor:
+    """(1, 1, T, T) additive mask of `[prompt, x0, M×B]` without a cache, built row by row from SPEC §5."""
+    total = prompt_len + 1 + bd_size
+    allowed = torch.zeros(total, total, dtype=torch.bool)
+    for q in range(total):
+        if q <= prompt_len:                      # prompt tokens and x0: causal
+            allowed[q, : q + 1] = True
+        else:                                    # masks: everything, the whole window included
+            allowed[q, :] = True
+    return torch.zeros(1, 1, total, total).masked_fill(~allowed, torch.finfo(torch.float32).min)
+
+
+@torch.inference_mode()
+def test_draft_window_equals_full_sequence_forward(arch):
+    bd_size = 8
+    for inputs in arch.inputs[:4]:
+        session = Session(arch.model)
+        x0 = int(session.prefill(inputs).argmax())
+        window = [x0] + [arch.bd.mask_id] * bd_size
+        cached = session.forward(window, draft=True)
+        ids = torch.cat([inputs["input_ids"], torch.tensor([window])], dim=1)
+        prompt_len = inputs["input_ids"].shape[1]
+        kwargs = {}
+        if arch.is_vlm:  # positions from HF's own rope index over the whole sequence
+            types = torch.cat([inputs["mm_token_type_ids"], torch.zeros(1, len(window), dtype=torch.long)], 1)
+            kwargs = dict(pixel_values=inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"],
+                          position_ids=arch.model.model.get_rope_index(
+                              ids, mm_token_type_ids=types, image_grid_thw=inputs["image_grid_thw"])[0])
+        full = arch.model(input_ids=ids, attention_mask=_full_window_mask(prompt_len, bd_size), **kwargs)
+        torch.testing.assert_close(cached, full.logits[0, prompt_len:], atol=1e-4, rtol=1e-4)
+
+
+class ScriptedDrafts(SelfSpecDecoder):
+    """Test double for the draft logits only: d_j is the AR reference's token where j <= `good`, else a token
+    the verifier cannot predict. Checks the cache invariant at the start of every round."""
+
+    def __init__(self, *args, reference: list[int], good: int, vocab: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.reference, self.good, self.vocab = reference, good, vocab
+        self.round_starts: list[int] = []
+
+    def draft(self, mask_logits: torch.Tensor) -> list[int]:
+        assert mask_logits.shape[0] == self.bd_size
+        before_window = self.session.length - (1 + self.bd_size)  # the draft forward appended [x0, M×B]
+        assert before_window == self.prompt_len + len(self.tokens) - 1
+        self.round_starts.append(len(self.tokens))
+        first = len(self.tokens) + 1          # output index of d1 (a0 sits at len(tokens))
+        truth = self.reference[first: first + self.bd_size]
+        assert len(truth) == self.bd_size, "reference too short for the scripted drafts"
+        return [t if j < self.good else (t + 1) % self.vocab for j, t in enumerate(truth)]
+
+
+def _long_reference(arch: Arch, need: int) -> tuple[dict, list[int]]:
+    """A prompt whose greedy output runs at least `need` tokens without EOS, and that output."""
+    for inputs in arch.inputs:
+        reference = ar_generate(arch.model, inputs, arch.stops, need)
+        if len(reference.tokens) == need and reference.tokens[-1] not in arch.stops:
+            return inputs, reference.tokens
+    raise AssertionError(f"no prompt runs {need} tokens without EOS")
+
+
+def _scripted(arch, bd_size, good, max_new, stops=None, need=120):
+    inputs, reference = _long_reference(arch, need)
+    decoder = ScriptedDrafts(arch.model, arch.bd.mask_id, bd_size, stops or arch.stops, max_new,
+                             reference=reference, good=good, vocab=arch.model.get_output_embeddings().out_features)
+    result = decoder.generate(inputs)
+    assert decoder.session.length == decoder.prompt_len + len(result.tokens) - 1
+    return decoder, result, reference
+
+
+@pytest.mark.parametrize("bd_size", [4, 8])
+def test_all_match_commits_b_plus_2_per_round(arch, bd_size):
+    max_new = 1 + 3 * (bd_size + 2)
+    decoder, result, reference = _scripted(arch, bd_size, good=bd_size, max_new=max_new)
+    assert result.tokens == reference[:max_new]
+    assert decoder.round_starts == [1, 1 + (bd_size + 2), 1 + 2 * (bd_size + 2)]
+    assert result.accepted == [bd_size] * 3 and result.rounds == 3 and result.forwards == 6
+
+
+def test_never_match_commits_2_per_round(arch):
+    decoder, result, reference = _scripted(arch, 8, good=0, max_new=11)
+    assert result.tokens == reference[:11]
+    assert decoder.round_starts == [1, 3, 5, 7, 9]
+    assert result.accepted == [0] * 5 and result.forwards == 10
+
+
+def test_partial_match_accepts_the_matching_prefix(text_arch):
+    decoder, result, reference = _scripted(text_arch, 8, good=3, max_new=1 + 4 * 5)
+    assert result.tokens == reference[:21]
+    assert decoder.round_starts == [1, 6, 11, 16] and result.accepted == [3] * 4
+
+
+def _first_occurrence(reference: list[int], candidates) -> int:
+    for t in candidates:
+        if reference[t] not in reference[:t]:
+            return t
+    raise AssertionError("no token occurs first at the wanted positions")
+
+
+def test_eos_inside_a_round_truncates_there(text_arch):
+    bd_size = 8
+    _, reference = _long_reference(text_arch, 120)
+    t = _first_occurrence(reference, range(1 + (bd_size + 2) + 1, 2 * (bd_size + 2)))  # inside round 2
+    decoder, result, _ = _scripted(text_arch, bd_size, good=bd_size, max_new=100, stops={reference[t]})
+    assert result.tokens == reference[: t + 1]
+    assert result.rounds == 2 and result.forwards == 4
+
+
+def test_eos_as_a0_skips_the_verify_forward(text_arch):
+    _, reference = _long_reference(text_arch, 120)
+    t = _first_occurrence(reference, range(3, 40, 2))  # a0 of a round when every round commits 2
+    decoder, result, _ = _scripted(text_arch, 8, good=0, max_new=100, stops={reference[t]})
+    assert result.tokens == reference[: t + 1]
+    rounds = (t + 1) // 2
+    assert result.rounds == rounds and len(result.accepted) == rounds - 1 and result.forwards == 2 * rounds - 1
+
+
+def test_max_new_tokens_truncates_mid_round(text_arch):
+    decoder, result, reference = _scripted(text_arch, 8, good=8, max_new=14)
+    assert result.tokens == reference[:14] and result.rounds == 2
+
+
+def test_diffusion_with_block_size_1_is_ar_greedy(arch):
+    for inputs, reference in list(zip(arch.inputs, arch.references))[:6]:
+        result = diffusion_generate(arch.model, inputs, mask_id=arch.bd.mask_id, bd_size=1, stop_ids=arch.stops,
+                                    max_new_tokens=MAX_NEW, tau=0.9)
+        assert result.tokens == reference
+        blocks = len(reference) - 1
+        assert result.rounds == blocks and result.forwards == 2 * blocks - (blocks > 0)
+
+
+@pytest.mark.parametrize("tau, steps_per_block", [(1.0, 4), (0.0, 1)])
+def test_diffusion_forward_count(text_arch, tau, steps_per_block):
+    inputs, _ = _long_reference(text_arch, 60)
+    result = diffusion_generate(text_arch.model, inputs, mask_id=text_arch.bd.mask_id, bd_size=4,
+                                stop_ids=text_arch.stops, max_new_tokens=1 + 4 * 5, tau=tau)
+    assert len(result.tokens) == 21 and result.rounds == 5
+    assert result.forwards == 5 * steps_per_block + 4  # a cache write after every block but the last
