@@ -4,8 +4,9 @@
 
 - a prediction whose last `<table` has no later `</table>` scores 0 (checked on the raw string, since
   parsers close tables silently);
-- a prediction (or reference) without a table that has rows scores `0.15 * (1 - NED)` of the
-  OmniDocBench-normalized texts (a table's text being its cells);
+- a prediction without a table that has rows scores `0.15 * (1 - NED)` of the OmniDocBench-normalized
+  texts (a table's text being its cells); against a reference without such a table (a mislabelled row)
+  every prediction scores that text similarity, without the 0.15 factor;
 - TEDS_s bounded by `rewards.ted` (a tree beyond `MAX_NODES` / `MAX_WORK`) counts as 0, flagged
   `teds_bounded`.
 """
@@ -97,6 +98,8 @@ def score_table(pred: str, ref: str) -> tuple[float, dict[str, float]]:
     pred_table, ref_table = parse_table(pred), parse_table(ref)
     if pred_table is None or ref_table is None:
         sim = similarity(_visible_text(pred, pred_table), _visible_text(ref, ref_table))
+        if ref_table is None:
+            return sim, {"no_table_ref": 1.0, "sim": sim}
         return NO_TABLE_FACTOR * sim, {"no_table": 1.0, "sim": sim}
 
     components = {}
