@@ -138,22 +138,27 @@ def load_checkpoint(spec: str | Path, need_drafter: bool = False,
     """Load model + tokenizer/processor + block-diffusion config from a folder (or `"tiny"`), in eval mode.
 
     With `need_drafter=True` a missing or invalid `block_diffusion.json` raises `CheckpointError`; otherwise an
-    absent file gives `bd=None`.
+    absent file gives `bd=None`, and a `mask_id` out of vocabulary only a warning and `bd=None`.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     path = resolve_model(spec)
+    bd = BlockDiffusionConfig.load(path) if need_drafter or (path / BD_FILE).is_file() else None
     config = AutoConfig.from_pretrained(path)
     is_vlm = config.model_type in VLM_MODEL_TYPES
     auto = AutoModelForImageTextToText if is_vlm else AutoModelForCausalLM
     model = auto.from_pretrained(path, dtype=dtype).eval()
     processor = _load_processor(path, is_vlm)
-    bd = None
-    if need_drafter or (path / BD_FILE).is_file():
-        bd = BlockDiffusionConfig.load(path)
-        check_mask_id(bd, model, processor, path)
-        if need_drafter and bd.ar_loss_weight == 0:
-            logger.warning("%s: ar_loss_weight is 0, the AR path was not trained to verify drafts", path / BD_FILE)
+    if bd is not None:
+        try:
+            check_mask_id(bd, model, processor, path)
+        except CheckpointError as err:
+            if need_drafter:
+                raise
+            logger.warning("%s (the drafter is not needed here; continuing without it)", err)
+            bd = None
+    if bd is not None and need_drafter and bd.ar_loss_weight == 0:
+        logger.warning("%s: ar_loss_weight is 0, the AR path was not trained to verify drafts", path / BD_FILE)
     return Checkpoint(model=model, processor=processor, bd=bd, is_vlm=is_vlm, path=path)
 
 

@@ -60,6 +60,7 @@ def test_mask_id_out_of_vocabulary(copy_of, mask_id):
     (path / BD_FILE).write_text(json.dumps({**bd, "mask_id": mask_id}))
     with pytest.raises(CheckpointError, match=rf"{BD_FILE}: field 'mask_id' = {mask_id} is out of vocabulary"):
         load_checkpoint(path, need_drafter=True)
+    assert load_checkpoint(path).bd is None  # the causal path alone (GRPO) still loads
 
 
 @pytest.mark.parametrize("content, field", [

@@ -13,6 +13,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="prompt pool: save_to_disk folder, .parquet, .jsonl or a "
                                                       "built-in name (e.g. tiny-probe)")
     parser.add_argument("--limit", type=int, default=None, help="use the first N rows")
+    parser.add_argument("--skip-bad", action="store_true", help="leave malformed pool rows out (listed) "
+                                                                 "instead of stopping")
     parser.add_argument("--bd-size", type=int, default=None, help="draft block size B (default: the checkpoint's)")
     parser.add_argument("--max-new-tokens", type=int, default=512, help="output cap per prompt")
     parser.add_argument("--compare-ar", action="store_true", help="also decode AR greedy; report the equal share")
@@ -49,17 +51,21 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from rich.console import Console
 
-    from data.pool import load_pool
-    from grpo.checkpoint import load_checkpoint
+    from data.pool import PoolError, load_pool
+    from grpo.checkpoint import CheckpointError, load_checkpoint
     from grpo.tpf import measure_tpf
 
     console = Console()
     if args.limit is not None and args.limit < 1:
-        raise SystemExit("--limit must be >= 1")
-    ckpt = load_checkpoint(args.model, need_drafter=True, dtype=getattr(torch, args.dtype))
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    ckpt.model.to(device)
-    pool = load_pool(args.data)
+        console.print("[red]error:[/red] --limit must be >= 1", soft_wrap=True)
+        return 2
+    try:
+        ckpt = load_checkpoint(args.model, need_drafter=True, dtype=getattr(torch, args.dtype))
+        pool = load_pool(args.data, skip_bad=args.skip_bad)
+    except (CheckpointError, PoolError, FileNotFoundError) as err:
+        console.print(f"[red]error:[/red] {err}", soft_wrap=True)
+        return 2
+    ckpt.model.to(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.limit is not None:
         pool = pool.select(range(min(args.limit, len(pool))))
     stats = measure_tpf(ckpt.model, ckpt.processor, pool, ckpt.bd, is_vlm=ckpt.is_vlm, bd_size=args.bd_size,

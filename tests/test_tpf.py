@@ -1,0 +1,113 @@
+"""TPF statistics (SPEC §5) and the `gravity-grpo tpf` command, on tiny random checkpoints."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from PIL import Image
+
+from grpo.checkpoint import BD_FILE, CheckpointError, load_checkpoint
+from grpo.cli import main
+from grpo.tpf import length_bin, measure_tpf, summarize
+from helpers_models import build_glm_processor, build_glmocr_checkpoint, build_text_checkpoint
+
+TASKS = ("text", "table", "formula")
+PROMPTS = {"text": "Text Recognition:\n", "table": "Table Recognition:\n", "formula": "Formula Recognition:\n"}
+
+
+@pytest.fixture(scope="module")
+def text_dir(tmp_path_factory):
+    return build_text_checkpoint(tmp_path_factory.mktemp("tpf"), bd_size=4)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return [{"prompt": PROMPTS[TASKS[i % 3]] + "ab|c{d}" * (i + 1), "target": "x", "task_type": TASKS[i % 3]}
+            for i in range(9)]
+
+
+@pytest.mark.parametrize("n, label", [(0, "<128"), (127, "<128"), (128, "128-511"), (511, "128-511"),
+                                      (512, "512-1023"), (1023, "512-1023"), (1024, ">=1024"), (10**5, ">=1024")])
+def test_length_bins(n, label):
+    assert length_bin(n) == label
+
+
+def test_summary_is_a_ratio_of_sums():
+    records = [dict(tokens=10, forwards=2, rounds=1, accepted=[8], wall_s=1.0, ar_equal=True),
+               dict(tokens=3, forwards=3, rounds=2, accepted=[0, 1], wall_s=0.5, ar_equal=False)]
+    s = summarize(records)
+    assert s["tpf"] == pytest.approx(13 / 5) and s["accepted_per_round"] == pytest.approx(3)
+    assert s["ar_equal_rate"] == 0.5 and (s["n"], s["tokens"], s["forwards"], s["rounds"]) == (2, 13, 5, 3)
+    assert summarize([])["tpf"] is None
+
+
+def test_measure_tpf_selfspec(text_dir, rows):
+    ckpt = load_checkpoint(text_dir, need_drafter=True)
+    ckpt.model.train()
+    stats = measure_tpf(ckpt.model, ckpt.processor, rows, ckpt.bd, max_new_tokens=40, compare_ar=True,
+                        progress=False)
+    assert ckpt.model.training  # mode restored for the trainer
+    assert stats["n"] == 9 and stats["ar_equal_rate"] == 1.0 and stats["bd_size"] == 4
+    assert stats["tpf"] == pytest.approx(stats["tokens"] / stats["forwards"])
+    assert list(stats["by_task"]) == ["formula", "table", "text"]
+    assert all(s["n"] == 3 for s in stats["by_task"].values())
+    assert sum(s["tokens"] for s in stats["by_task"].values()) == stats["tokens"]
+    assert sum(s["forwards"] for s in stats["by_length"].values()) == stats["forwards"]
+    assert list(stats["by_length"]) == ["<128"]
+    assert 0 <= stats["accepted_per_round"] <= 4 and stats["ar_forwards"] > 0
+    json.dumps(stats)  # serialisable as is
+
+
+def test_measure_tpf_diffusion_and_bd_size_override(text_dir, rows):
+    ckpt = load_checkpoint(text_dir, need_drafter=True)
+    stats = measure_tpf(ckpt.model, ckpt.processor, rows[:3], ckpt.bd, bd_size=2, max_new_tokens=21,
+                        mode="diffusion", tau=1.0, progress=False)
+    assert stats["bd_size"] == 2 and stats["accepted_per_round"] is None and stats["ar_equal_rate"] is None
+    # tau 1.0 reveals one slot per step: a block of 2 costs 2 steps + 1 cache write, each prompt's last block
+    # no write
+    assert stats["forwards"] == stats["rounds"] * (2 + 1) - 3 and stats["tau"] == 1.0
+
+
+def test_measure_tpf_refuses_without_drafter(text_dir, rows):
+    ckpt = load_checkpoint(text_dir)
+    with pytest.raises(CheckpointError, match="block_diffusion.json"):
+        measure_tpf(ckpt.model, ckpt.processor, rows, None, progress=False)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        measure_tpf(ckpt.model, ckpt.processor, rows, ckpt.bd, mode="beam", progress=False)
+
+
+def test_measure_tpf_glmocr_with_images(tmp_path):
+    ckpt = load_checkpoint(build_glmocr_checkpoint(tmp_path, bd_size=4), need_drafter=True)
+    processor = build_glm_processor(ckpt.processor)
+    images = [Image.new("RGB", (8 + 4 * i, 12), (40 * i, 90, 200)) for i in range(3)]
+    vlm_rows = [{"prompt": PROMPTS[t], "image": img, "target": "x", "task_type": t} for t, img in zip(TASKS, images)]
+    stats = measure_tpf(ckpt.model, processor, vlm_rows, ckpt.bd, is_vlm=True, max_new_tokens=24,
+                        compare_ar=True, progress=False)
+    assert stats["n"] == 3 and stats["ar_equal_rate"] == 1.0 and set(stats["by_task"]) == set(TASKS)
+
+
+def _write_pool(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_cli_writes_json(text_dir, rows, tmp_path, capsys):
+    pool = _write_pool(tmp_path / "pool.jsonl", rows)
+    out = tmp_path / "stats" / "tpf.json"
+    code = main(["tpf", "--model", str(text_dir), "--data", str(pool), "--limit", "4", "--compare-ar",
+                 "--max-new-tokens", "24", "--out", str(out)])
+    assert code == 0
+    stats = json.loads(out.read_text())
+    assert {"tpf", "accepted_per_round", "ar_equal_rate", "by_task", "by_length", "n"} <= set(stats)
+    assert stats["n"] == 4 and stats["ar_equal_rate"] == 1.0
+    assert "TPF (selfspec, B=4, n=4)" in capsys.readouterr().out
+
+
+def test_cli_refuses_checkpoint_without_drafter(text_dir, rows, tmp_path, capsys):
+    plain = tmp_path / "plain"
+    shutil.copytree(text_dir, plain)
+    (plain / BD_FILE).unlink()
+    pool = _write_pool(tmp_path / "pool.jsonl", rows)
+    assert main(["tpf", "--model", str(plain), "--data", str(pool)]) == 2
+    assert "block_diffusion.json is missing" in capsys.readouterr().out
