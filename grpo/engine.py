@@ -25,9 +25,10 @@ _CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"
 
 
 def is_vlm_checkpoint(model_dir: str | Path) -> bool:
-    """True for vision-language checkpoints (GLM-OCR): their config has a `vision_config`."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    return "vision_config" in config
+    """True for vision-language checkpoints (GLM-OCR), judged by `model_type` as `load_checkpoint` does."""
+    from grpo.checkpoint import VLM_MODEL_TYPES
+
+    return json.loads((Path(model_dir) / "config.json").read_text()).get("model_type") in VLM_MODEL_TYPES
 
 
 def make_llm(model_dir: str | Path, *, seed: int = 0, max_model_len: int | None = None,

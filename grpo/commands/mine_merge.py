@@ -1,0 +1,25 @@
+"""`gravity-grpo mine-merge`: join the shard outputs of one `mine --shard I/N` run."""
+from __future__ import annotations
+
+import argparse
+
+HELP = "join the OUT folders of mine --shard 0/N .. N-1/N into one mined pool"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("shards", nargs="+", help="the OUT folders of every shard")
+    parser.add_argument("--out", required=True, help="merged output folder")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from grpo.commands.mine import print_summary
+    from grpo.mining import MiningError, merge
+
+    try:
+        summary = merge(args.shards, args.out)
+    except MiningError as err:
+        raise SystemExit(str(err)) from None
+    print_summary(Console(), summary, args.out)
+    return 0

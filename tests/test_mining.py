@@ -1,0 +1,200 @@
+"""Hard-prompt mining (SPEC §8): statistics, zero-variance drop, ranking rule, shards, kill-and-resume."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from grpo.mining import (INDEX, PREFER, STAT_COLUMNS, MineConfig, MiningError, RankRule, RunDir, Rollout,
+                         is_dropped, merge, mine, parse_shard, prompt_stats, select)
+
+ORIGINAL = ["prompt", "target", "task_type"]
+
+
+# ------------------------------------------------------------------------------------------- no model
+
+def _rec(index, mean, ref_chars, task="table", std=0.1, rank=PREFER["long-tables"]):
+    rec = {INDEX: index, "task_type": task, "ref_chars": ref_chars, "reward_mean": mean, "reward_std": std,
+           "reward_min": mean - std, "reward_max": mean + std}
+    rec["mine_score"] = rank.score(mean, ref_chars, task)
+    return rec
+
+
+def test_rank_score_is_the_documented_formula():
+    rule = RankRule(hard_weight=1.0, length_weight=1.0, length_scale=1900.0, table_bonus=1.0)
+    assert rule.score(0.25, 950, "table") == pytest.approx(0.75 + 0.5 + 1.0)
+    assert rule.score(0.25, 3800, "text") == pytest.approx(0.75 + 1.0)  # length term capped at 1
+    assert PREFER["long-tables"] == rule
+    assert PREFER["hard"].score(0.25, 3800, "table") == pytest.approx(0.75)
+    assert PREFER["pool-order"].score(0.0, 3800, "table") == 0.0
+
+
+def test_select_drops_zero_variance_ranks_and_keeps_top_n():
+    records = {
+        0: _rec(0, 0.9, 100, "text"),                 # easy, short: last
+        1: _rec(1, 0.2, 1900, "table"),               # hard long table: first
+        2: _rec(2, 0.2, 1900, "text"),                # same but not a table: after 1
+        3: _rec(3, 0.5, 500, "table", std=0.0),       # all rewards equal: dropped
+        4: _rec(4, 0.2, 1900, "table"),               # ties with 1: pool order decides
+        5: _rec(5, 0.6, 200, "formula", std=0.04),    # dropped only when min_std >= 0.04
+    }
+    assert select(records, PREFER["long-tables"], 0.0, None) == [1, 4, 2, 5, 0]
+    assert select(records, PREFER["long-tables"], 0.05, 3) == [1, 4, 2]
+    hard = {i: _rec(i, r["reward_mean"], r["ref_chars"], r["task_type"], r["reward_std"], PREFER["hard"])
+            for i, r in records.items()}
+    assert select(hard, PREFER["hard"], 0.0, None) == [1, 2, 4, 5, 0]
+
+
+def test_prompt_stats_values():
+    rollouts = [Rollout("a", 3, False), Rollout("b", 5, True), Rollout("c", 4, False), Rollout("d", 8, True)]
+    stats = prompt_stats([0.0, 1.0, 1.0, 0.0], rollouts)
+    assert stats == {"reward_mean": 0.5, "reward_std": 0.5, "reward_min": 0.0, "reward_max": 1.0,
+                     "rewards": [0.0, 1.0, 1.0, 0.0], "completion_tokens_mean": 5.0, "truncated": 2}
+    same = prompt_stats([0.3] * 4, rollouts)
+    assert is_dropped(same, 0.0) and not is_dropped(stats, 0.49) and is_dropped(stats, 0.5)
+
+
+def test_bad_settings_are_refused(tmp_path):
+    assert parse_shard("2/4") == (2, 4)
+    for text in ("4/4", "a/b", "1"):
+        with pytest.raises(ValueError, match="--shard"):
+            parse_shard(text)
+    with pytest.raises(ValueError, match="at least 2 rollouts"):
+        MineConfig(model="m", data="d", out="o", k=1)
+    with pytest.raises(MiningError, match="no mining/done.json"):
+        merge([str(tmp_path)], str(tmp_path / "merged"))
+
+
+def test_a_prompt_in_two_part_files_is_an_error(tmp_path):
+    run = RunDir(tmp_path)
+    run.parts.mkdir(parents=True)
+    run.write_part([_rec(0, 0.5, 10), _rec(1, 0.5, 10)])
+    run.write_part([_rec(1, 0.5, 10)])
+    with pytest.raises(MiningError, match="prompt 1 is in both"):
+        run.read_parts()
+
+
+# ------------------------------------------------------------------------------------- with vLLM
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    from helpers_models import build_text_checkpoint
+
+    return build_text_checkpoint(tmp_path_factory.mktemp("tiny_lm"), hidden=128)  # head_dim 32 for vLLM CPU
+
+
+@pytest.fixture(scope="module")
+def llm(ckpt):
+    from grpo.engine import make_llm
+
+    return make_llm(ckpt, max_model_len=512, dtype="float32")  # as the HF fallback decodes
+
+
+def _pool(tmp_path, n):
+    from data.pool import load_pool
+
+    path = tmp_path / f"pool{n}.jsonl"
+    load_pool("tiny").select(range(n)).to_json(str(path))
+    return str(path)
+
+
+def _cfg(ckpt, data, out, **kw):
+    return MineConfig(model=str(ckpt), data=data, out=str(out),
+                      **{"k": 4, "max_tokens": 24, "dtype": "float32", "progress": False, **kw})
+
+
+def _records(out):
+    return {i: {k: r[k] for k in ("rewards", "completion_tokens_mean", "truncated")}
+            for i, r in RunDir(out).read_parts().items()}
+
+
+@pytest.mark.slow
+def test_mining_writes_statistics(tmp_path, ckpt, llm):
+    from datasets import load_from_disk
+
+    from data.pool import load_pool
+
+    data = _pool(tmp_path, 12)
+    summary = mine(_cfg(ckpt, data, tmp_path / "out"), llm)
+    out = load_from_disk(str(tmp_path / "out"))
+    assert out.column_names == ORIGINAL + [INDEX, *STAT_COLUMNS]
+    pool = load_pool(data)
+    assert summary["counts"]["all"]["mined"] == 12
+    assert summary["counts"]["all"]["kept"] == len(out) > 0
+    assert out["mine_score"] == sorted(out["mine_score"], reverse=True)
+    for row in out:
+        assert row["target"] == pool[row[INDEX]]["target"] and row["ref_chars"] == len(row["target"])
+        rewards = row["rewards"]
+        assert len(rewards) == 4 and all(0.0 <= r <= 1.0 for r in rewards)
+        assert row["reward_mean"] == pytest.approx(sum(rewards) / 4)
+        assert (row["reward_min"], row["reward_max"]) == (min(rewards), max(rewards))
+        assert row["reward_std"] > 0 and 0 <= row["truncated"] <= 4 and 1 <= row["completion_tokens_mean"] <= 24
+    for name in ("report.json", "reward_mean.png", "reward_std.png"):
+        assert (tmp_path / "out" / "report" / name).stat().st_size > 0
+
+    with pytest.raises(MiningError, match="k: 4 then, 5 now"):
+        mine(_cfg(ckpt, data, tmp_path / "out", k=5), llm)
+
+
+@pytest.mark.slow
+def test_identical_rollouts_are_dropped_and_hf_fallback_agrees(tmp_path, ckpt, llm):
+    from datasets import load_from_disk
+
+    data = _pool(tmp_path, 6)
+    summary = mine(_cfg(ckpt, data, tmp_path / "greedy", temperature=0.0), llm)
+    assert summary["counts"]["all"] == {"mined": 6, "dropped_zero_variance": 6, "ranked_out": 0, "kept": 0}
+    assert len(load_from_disk(str(tmp_path / "greedy"))) == 0
+
+    mine(_cfg(ckpt, data, tmp_path / "hf", temperature=0.0, hf_generate=True))
+    assert _records(tmp_path / "hf") == _records(tmp_path / "greedy")
+
+
+@pytest.mark.slow
+def test_shards_merge_to_the_unsharded_result(tmp_path, ckpt, llm):
+    from datasets import load_from_disk
+
+    data = _pool(tmp_path, 10)
+    kw = {"keep": 4, "chunk_size": 1}  # one prompt per engine call: batch-invariant samples
+    mine(_cfg(ckpt, data, tmp_path / "whole", **kw), llm)
+    shards = [str(tmp_path / f"s{i}") for i in range(2)]
+    for i, out in enumerate(shards):
+        mine(_cfg(ckpt, data, out, shard=(i, 2), **kw), llm)
+    assert set(_records(shards[0])).isdisjoint(_records(shards[1]))
+    with pytest.raises(MiningError, match="shards 0..1 of 2"):
+        merge(shards[:1], str(tmp_path / "bad"))
+    summary = merge(shards, str(tmp_path / "merged"))
+    whole, merged = load_from_disk(str(tmp_path / "whole")), load_from_disk(str(tmp_path / "merged"))
+    assert merged[INDEX] == whole[INDEX] and merged["rewards"] == whole["rewards"]
+    assert summary["counts"]["all"]["mined"] == 10
+
+
+@pytest.mark.slow
+def test_kill_and_resume_loses_and_repeats_nothing(tmp_path, ckpt, llm):
+    from datasets import load_from_disk
+
+    data = _pool(tmp_path, 24)
+    kw = {"chunk_size": 1, "max_tokens": 32}
+    killed = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "grpo.cli", "mine", "--model", str(ckpt), "--data", data, "--out", str(killed),
+           "--k", "4", "--max-tokens", "32", "--chunk-size", "1", "--dtype", "float32", "--no-progress"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    parts = killed / "mining" / "parts"
+    deadline = time.monotonic() + 300
+    while not list(parts.glob("part-*.jsonl")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    mined_before = len(RunDir(killed).read_parts())
+    assert not RunDir(killed).done.exists() and 0 < mined_before < 24, "the kill must land mid-run"
+
+    mine(_cfg(ckpt, data, killed, **kw), llm)  # the rerun, same arguments
+    mine(_cfg(ckpt, data, tmp_path / "straight", **kw), llm)
+    assert _records(killed) == _records(tmp_path / "straight")
+    assert sorted(_records(killed)) == list(range(24))
+    assert load_from_disk(str(killed))[INDEX] == load_from_disk(str(tmp_path / "straight"))[INDEX]
+    done = json.loads(RunDir(killed).done.read_text())
+    assert done["summary"]["counts"]["all"]["mined"] == 24
