@@ -40,8 +40,8 @@ MIN_PARALLEL = 32     # smaller batches are scored in the calling process
 _pools: dict[int, multiprocessing.pool.Pool] = {}
 
 
-class _Timeout(Exception):
-    pass
+class _Timeout(BaseException):
+    """Raised by the alarm; a BaseException so that no `except Exception` on the way swallows it."""
 
 
 @contextlib.contextmanager

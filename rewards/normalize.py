@@ -24,6 +24,7 @@ extra dependency).
 """
 from __future__ import annotations
 
+import functools
 import html
 import re
 import unicodedata
@@ -36,10 +37,11 @@ _NOT_WORD = re.compile(r"[^\w\u4e00-\u9fff]")
 _TEXT_DROPPED = ("\\t", "\\n", "\t", "\n", "/t", "/n")
 
 
-def _latex_to_unicode(latex: str) -> str:
+@functools.cache
+def _latex_converter():
     from pylatexenc.latex2text import LatexNodes2Text  # pure python, imported on first inline formula
 
-    return LatexNodes2Text().latex_to_text(latex)
+    return LatexNodes2Text()
 
 
 def inline_math_to_unicode(text: str) -> str:
@@ -53,7 +55,7 @@ def inline_math_to_unicode(text: str) -> str:
         if content.endswith("\\"):
             content += " "
         try:
-            rendered = _latex_to_unicode(content)
+            rendered = _latex_converter().latex_to_text(content)
         except Exception:  # noqa: BLE001 - OmniDocBench leaves unparseable formulas as they are
             continue
         replacements.append((match.start(), match.end(), rendered.strip()))

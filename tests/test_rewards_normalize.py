@@ -1,0 +1,68 @@
+"""OmniDocBench normalization: reference values from the anchors and the documented quirks."""
+from __future__ import annotations
+
+import pytest
+from rapidfuzz.distance import Levenshtein
+
+from helpers_anchors import needs_anchors, omnidoc_elements
+from rewards.normalize import normalize_formula, normalize_table_html, normalize_text
+
+# anchors README: NED after upstream normalized_formula on both sides, keyed by (page, anno_id)
+FORMULA_NED = {
+    ("physletb", 15): 0.0333, ("physletb", 31): 0.0, ("physletb", 10): 0.0882, ("physletb", 29): 0.0508,
+    ("physletb", 19): 0.0811, ("physletb", 12): 0.1013, ("physletb", 1): 0.2982, ("physletb", 20): 0.0612,
+    ("physletb", 4): 0.3684, ("physletb", 16): 0.1716, ("physletb", 35): 0.2273, ("physletb", 26): 0.2414,
+    ("Evans_PDE", 5): 0.0225, ("Evans_PDE", 13): 0.3096, ("Evans_PDE", 15): 0.2646, ("Evans_PDE", 10): 0.1447,
+    ("Evans_PDE", 8): 0.2857,
+}
+
+
+@needs_anchors
+def test_formula_ned_matches_omnidocbench():
+    elements = omnidoc_elements("OmniDocBench_demo_formula.json", "equation_isolated")
+    assert len(elements) == len(FORMULA_NED)
+    for image, anno_id, det in elements:
+        (expected,) = [v for (page, a), v in FORMULA_NED.items() if page in image and a == anno_id]
+        ned = Levenshtein.normalized_distance(normalize_formula(det["latex"]), normalize_formula(det["pred"]))
+        assert round(ned, 4) == expected, (image, anno_id)
+
+
+def test_table_normalization_steps():
+    raw = ('<table class="t"><thead><tr><th colspan="2" style="x">Head</th></tr></thead>\n<tbody>'
+           '<tr><td>a &amp; b</td><td><span>c</span>\nd</td></tr></tbody></table>')
+    assert normalize_table_html(raw) == ('<html><body><table border="1" ><tr><td colspan="2">Head</td></tr>'
+                                         '<tr><td>a & b</td><td>cd</td></tr></table></body></html>')
+
+
+def test_table_normalization_quirks():
+    wrap = '<html><body><table border="1" >{}</table></body></html>'
+    assert normalize_table_html("no table here") == ""
+    assert normalize_table_html("< table><tr><td>x</td></tr></ table>") == wrap.format("")  # gate passes
+    # <math> becomes $alttext$, "$$" without alttext
+    assert normalize_table_html('<table><tr><td><math alttext="x^2"><mi>x</mi></math></td>'
+                                '<td><math><mi>y</mi></math></td></tr></table>') == \
+        wrap.format("<tr><td>$x^2$</td><td>$$</td></tr>")
+    # two tables merge: everything from the first <table> to the last </table> is kept
+    assert normalize_table_html("<table><tr><td>1</td></tr></table>mid<table><tr><td>2</td></tr></table>") == \
+        wrap.format("<tr><td>1</td></tr></table>mid<table><tr><td>2</td></tr>")
+    # only bare <sup>/<sub>/<p>/<div> go (class is removed first); NFKC folds full-width characters
+    assert normalize_table_html('<table><tr><td><sup>1</sup><p class="c">Ａ</p><p id="k">B</p></td></tr>'
+                                '</table>') == wrap.format('<tr><td>1A<p id="k">B</td></tr>')
+
+
+def test_text_normalization():
+    assert normalize_text("Hello, World!\n  42") == "HelloWorld42"
+    assert normalize_text("energy $E=m c^2$ here") == "energyEmc2here"
+    assert normalize_text("price $5 and $6") == "price5and6"          # no \\ ^ _ inside: left as is
+    assert normalize_text(r"a $x\_1^2$ b") == "ax12b"                   # `\_` is deleted outright
+    assert normalize_text("and/not or\\never") == "andotorever"          # "/n" and "\\n" are dropped
+    assert normalize_text("中文，文本") == "中文文本"
+
+
+@pytest.mark.parametrize("latex, expected", [
+    (r"\[ \mathbf{X} \quad \tag{1} \]", "{x}"),
+    ("$$\nA \\leftarrow B\n$$", "aarrowb"),   # upstream deletes "\left" as a substring
+    (r"\begin{aligned} a &= b \end{aligned}", "a&=b"),
+])
+def test_formula_normalization(latex, expected):
+    assert normalize_formula(latex) == expected
