@@ -1,0 +1,67 @@
+"""`gravity-grpo score` through `grpo.cli.main`."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from grpo.cli import main
+from rewards import score
+
+PRED = "<table><tr><td>a</td></tr></table>"
+REF = "<table><tr><td>a</td><td>b</td></tr></table>"
+
+
+def test_single_pair_from_text_and_files(tmp_path, capsys):
+    assert main(["score", "--task", "table", "--pred", PRED, "--ref", REF]) == 0
+    expected = score(PRED, REF, "table").value
+    assert f"{expected:.6f}" in capsys.readouterr().out
+    (tmp_path / "pred.html").write_text(PRED, encoding="utf-8")
+    (tmp_path / "ref.html").write_text(REF, encoding="utf-8")
+    assert main(["score", "--task", "table", "--pred", str(tmp_path / "pred.html"),
+                 "--ref", str(tmp_path / "ref.html"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == score(PRED, REF, "table").as_dict()
+
+
+def test_explain_lists_the_components(capsys):
+    assert main(["score", "--task", "table", "--pred", PRED, "--ref", REF, "--explain"]) == 0
+    out = capsys.readouterr().out
+    for name in ("teds_s", "s_cell", "p_row", "p_loop", "bonus_rows", "bonus_cols", "g"):
+        assert name in out
+
+
+def test_pairs_file_summary(tmp_path, capsys):
+    rows = [{"pred": PRED, "ref": REF, "task": "table"}, {"pred": REF, "ref": REF, "task": "table"},
+            {"pred": "x^2", "ref": "x^{2}", "task": "formula"}, {"pred": "hello", "ref": "hello", "task": "text"}]
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n", encoding="utf-8")
+    assert main(["score", "--pairs", str(pairs), "--workers", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [r["line"] for r in report["results"]] == [1, 2, 3, 4]
+    table_mean = (score(PRED, REF, "table").value + 1.0) / 2
+    assert report["summary"]["table"]["n"] == 2
+    assert report["summary"]["table"]["mean"] == pytest.approx(table_mean)
+    assert report["summary"]["formula"]["mean"] == 1.0
+    assert main(["score", "--pairs", str(pairs), "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "table" in out and "formula" in out and f"{table_mean:.4f}" in out
+
+
+def test_bad_pairs_lines_are_reported_by_number(tmp_path, capsys):
+    pairs = tmp_path / "bad.jsonl"
+    pairs.write_text('{"pred": "a", "ref": "a", "task": "text"}\nnot json\n{"pred": "a", "task": "text"}\n'
+                     '{"pred": "a", "ref": "a", "task": "image"}\n', encoding="utf-8")
+    assert main(["score", "--pairs", str(pairs)]) == 2
+    err = capsys.readouterr().err
+    assert "3 bad line(s)" in err
+    assert "line 2: not JSON" in err and "line 3: missing or non-string field(s) ref" in err
+    assert "line 4: unknown task 'image'" in err and "line 1" not in err
+
+
+def test_missing_or_conflicting_arguments(capsys):
+    assert main(["score", "--task", "text", "--pred", "a"]) == 2
+    assert "give --task, --pred and --ref" in capsys.readouterr().err
+    assert main(["score", "--pairs", "x.jsonl", "--pred", "a"]) == 2
+    assert "cannot be combined" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["score", "--task", "image", "--pred", "a", "--ref", "a"])
