@@ -5,9 +5,9 @@ or any `AutoModelForCausalLM` with its tokenizer) whose tokenizer holds `<|mask|
 `block_diffusion.json` beside the weights.
 
 Example:
-    >>> ckpt = load_checkpoint("tiny", need_drafter=True)
-    >>> ckpt.bd.bd_size, ckpt.is_vlm
-    (32, False)
+    >>> ckpt = load_checkpoint("tiny", need_drafter=True)   # or a folder
+    >>> ckpt.is_vlm, ckpt.bd.mask_id == ckpt.processor.convert_tokens_to_ids("<|mask|>")
+    (False, True)
 """
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ which is what vLLM `LLM.generate(str)` and TRL do with a plain-string prompt. GL
 template with the image then the task prompt, as TRL renders a conversational VLM prompt.
 
 Example:
-    >>> encode_prompt(tokenizer, {"prompt": "Text Recognition:\\nhello"}, is_vlm=False)["input_ids"].shape
-    torch.Size([1, 24])
+    >>> sorted(encode_prompt(tokenizer, {"prompt": "Text Recognition:\\nhello"}, is_vlm=False))
+    ['attention_mask', 'input_ids']
 """
 from __future__ import annotations
 

@@ -13,9 +13,13 @@ from __future__ import annotations
 import time
 from typing import Any, Iterable, Mapping
 
-import torch
+from tqdm.auto import tqdm
 
 from grpo.checkpoint import BlockDiffusionConfig, CheckpointError, tokenizer_of
+from grpo.decoding import stop_token_ids
+from grpo.diffusion_decode import diffusion_generate
+from grpo.prompting import encode_prompt
+from grpo.selfspec import SelfSpecDecoder, ar_generate
 
 MODES = ("selfspec", "diffusion")
 # Output-length bins of the paper's breakdown: (label, lower bound inclusive, upper bound exclusive).
@@ -68,13 +72,6 @@ def measure_tpf(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
     and `ar_forwards`. `ar_equal_rate` is None without `compare_ar`; `accepted_per_round` is None in
     diffusion mode. The model's train/eval mode is restored afterwards.
     """
-    from tqdm.auto import tqdm
-
-    from grpo.decoding import stop_token_ids
-    from grpo.diffusion_decode import diffusion_generate
-    from grpo.prompting import encode_prompt
-    from grpo.selfspec import SelfSpecDecoder, ar_generate
-
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if bd is None:

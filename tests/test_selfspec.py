@@ -13,6 +13,9 @@ from grpo.prompting import encode_prompt
 from grpo.selfspec import SelfSpecDecoder, ar_generate
 from helpers_models import build_glm_processor, build_glmocr_checkpoint, build_text_checkpoint
 
+# transformers' Glm46VProcessor calls np.array on a tensor row; numpy 2 warns about the copy keyword
+pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")
+
 MAX_NEW = 48
 TASK_PROMPTS = ("Text Recognition:", "Table Recognition:", "Formula Recognition:")
 N_PROMPTS = 20

@@ -12,6 +12,9 @@ from grpo.cli import main
 from grpo.tpf import length_bin, measure_tpf, summarize
 from helpers_models import build_glm_processor, build_glmocr_checkpoint, build_text_checkpoint
 
+# transformers' Glm46VProcessor calls np.array on a tensor row; numpy 2 warns about the copy keyword
+pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")
+
 TASKS = ("text", "table", "formula")
 PROMPTS = {"text": "Text Recognition:\n", "table": "Table Recognition:\n", "formula": "Formula Recognition:\n"}
 
