@@ -94,6 +94,9 @@ def load_pool(spec: str, skip_bad: bool = False, index_column: str | None = None
         ds = ds.map(lambda row: {"image": _image_value(row["image"], base_dir)})
         ds = ds.cast_column("image", Image())
     if index_column:
+        if index_column in ds.column_names:
+            log.info("pool %s: replacing its column %s with the row indices", spec, index_column)
+            ds = ds.remove_columns(index_column)
         ds = ds.add_column(index_column, keep)
     return ds
 

@@ -287,6 +287,9 @@ def mine(cfg: MineConfig, llm=None) -> dict:
 
     model_dir = resolve_model(cfg.model)
     pool = load_pool(cfg.data, skip_bad=cfg.skip_bad, index_column=INDEX)
+    previous = [c for c in STAT_COLUMNS if c in pool.column_names]
+    if previous:  # a mined pool mined again: its old statistics make way for the new ones
+        pool = pool.remove_columns(previous)
     i, n = cfg.shard
     ds = pool.select(range(i, len(pool), n))
     run = RunDir(cfg.out)

@@ -138,6 +138,10 @@ def test_mining_writes_statistics(tmp_path, ckpt, llm):
     with pytest.raises(MiningError, match="k: 4 then, 5 now"):
         mine(_cfg(ckpt, data, tmp_path / "out", k=5), llm)
 
+    again = mine(_cfg(ckpt, str(tmp_path / "out"), tmp_path / "again", k=2), llm)  # a mined pool mined again
+    assert again["counts"]["all"]["mined"] == len(out)
+    assert load_from_disk(str(tmp_path / "again")).column_names == out.column_names
+
 
 @pytest.mark.slow
 def test_identical_rollouts_are_dropped_and_hf_fallback_agrees(tmp_path, ckpt, llm):

@@ -134,3 +134,20 @@ def test_as_prompts_gives_trl_prompts(tmp_path):
     content = messages[0]["content"]
     assert [part["type"] for part in content] == ["image", "text"]
     assert content[0]["image"].size == (3, 4) and content[1]["text"] == GOOD_TEXT[1]["prompt"]
+
+
+def test_pool_stats_command(tmp_path):
+    from grpo.cli import main
+
+    rows = [{"prompt": "p", "target": "x" * n, "task_type": t}
+            for n, t in [(1, "text"), (2, "text"), (3, "text"), (4, "text"), (10, "table")]]
+    path = _write_jsonl(tmp_path / "pool.jsonl", rows)
+    assert main(["pool-stats", str(path), "--png", str(tmp_path / "h.png"), "--json", str(tmp_path / "s.json")]) == 0
+    stats = json.loads((tmp_path / "s.json").read_text())
+    assert stats["tasks"]["text"]["rows"] == 4 and stats["tasks"]["text"]["p50_chars"] == 2.5
+    assert stats["tasks"]["table"]["share"] == 0.2 and stats["all"]["max_chars"] == 10
+    assert (tmp_path / "h.png").stat().st_size > 0
+
+    _write_jsonl(path, rows + [{"prompt": "p", "target": "t", "task_type": "chart"}])
+    with pytest.raises(SystemExit, match="row 5: unknown task_type 'chart'"):
+        main(["pool-stats", str(path), "--png", str(tmp_path / "h.png")])

@@ -7,6 +7,8 @@ HELP = "sample k rollouts per prompt, drop zero-variance prompts, rank toward ha
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from grpo.mining import PREFER  # light: the ranking presets only
+
     parser.add_argument("--model", default="tiny", help="checkpoint folder, or 'tiny' (default)")
     parser.add_argument("--data", required=True, help="prompt pool: save_to_disk folder, .parquet, .jsonl or a "
                                                       "built-in name (e.g. tiny)")
@@ -17,8 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=8448, help="completion cap in tokens (default 8448)")
     parser.add_argument("--min-std", type=float, default=0.0,
                         help="drop prompts whose reward std is <= this (equal rewards are always dropped)")
-    parser.add_argument("--prefer", default="long-tables", help="ranking preset: long-tables (default), hard, "
-                                                                "pool-order; see grpo/mining.py")
+    parser.add_argument("--prefer", default="long-tables", choices=list(PREFER),
+                        help="ranking preset (default long-tables); the rule is in grpo/mining.py")
     parser.add_argument("--hard-weight", type=float, default=None, help="override the preset's weight of 1 - mean")
     parser.add_argument("--length-weight", type=float, default=None,
                         help="override the preset's weight of min(ref_chars / length_scale, 1)")
@@ -44,8 +46,6 @@ def _rank_rule(args: argparse.Namespace):
 
     from grpo.mining import PREFER
 
-    if args.prefer not in PREFER:
-        raise SystemExit(f"--prefer {args.prefer!r}: choose one of {', '.join(PREFER)}")
     overrides = {name: getattr(args, name) for name in ("hard_weight", "length_weight", "length_scale",
                                                         "table_bonus") if getattr(args, name) is not None}
     return dataclasses.replace(PREFER[args.prefer], **overrides)
