@@ -84,7 +84,8 @@ class Session:
 
     def prefill(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Run the prompt (with image inputs, if any); return the last position's logits (vocab,)."""
-        inputs = {k: v.to(self.device) for k, v in inputs.items() if k != "attention_mask"}
+        # batch of one, no padding: the attention mask is all ones; token_type_ids are not model inputs here
+        inputs = {k: v.to(self.device) for k, v in inputs.items() if k not in ("attention_mask", "token_type_ids")}
         ids = inputs["input_ids"]
         if ids.shape[0] != 1:
             raise ValueError(f"decoders take one prompt at a time, got a batch of {ids.shape[0]}")

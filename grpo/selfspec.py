@@ -33,13 +33,14 @@ class SelfSpecDecoder:
     """Draft B tokens with one block-diffusion forward, verify them with one causal forward, keep the agreement.
 
     `draft` is the one seam tests replace (a test double for the draft logits); everything else is the
-    real round of SPEC §5.
+    real round of SPEC §5. When `a0` already ends the output (a stop token, or the last token allowed) the
+    round skips its verify forward: one forward, no accepted count.
     """
 
     def __init__(self, model: Any, mask_id: int, bd_size: int, stop_ids: Iterable[int],
                  max_new_tokens: int = 512):
-        if bd_size < 1:
-            raise ValueError(f"bd_size must be >= 1, got {bd_size}")
+        if bd_size < 1 or max_new_tokens < 1:
+            raise ValueError(f"bd_size and max_new_tokens must be >= 1, got {bd_size} and {max_new_tokens}")
         self.model = model
         self.mask_id = mask_id
         self.bd_size = bd_size
