@@ -1,0 +1,82 @@
+"""`gravity-grpo train`: GRPO through the causal AR path from a YAML config, with command-line overrides."""
+from __future__ import annotations
+
+import argparse
+
+HELP = "GRPO from a joint checkpoint: colocated vLLM rollouts, OCR rewards, periodic TPF probe"
+
+# flag -> config key; every other key is reachable with --set KEY=VALUE
+FLAGS = {
+    "--model": ("model", str, "joint checkpoint folder, or 'tiny'"),
+    "--pool": ("pool", str, "GRPO prompt pool (folder, .parquet, .jsonl or a built-in name)"),
+    "--probe-set": ("probe_set", str, "TPF probe prompts (same formats as --pool)"),
+    "--output-dir": ("output_dir", str, "run folder: checkpoints, metrics, plots"),
+    "--max-steps": ("max_steps", int, "optimizer steps"),
+    "--tpf-every": ("tpf_every", int, "TPF probe every N steps (0: off)"),
+    "--learning-rate": ("learning_rate", float, "peak learning rate"),
+    "--seed": ("seed", int, "random seed"),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML of config keys: TRL GRPOConfig fields plus ours (grpo/config.py)")
+    for flag, (key, kind, text) in FLAGS.items():
+        parser.add_argument(flag, dest=key, type=kind, help=f"{text} (config key {key})")
+    parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+                        help="set any config key (VALUE read as YAML, e.g. --set beta=0.001); repeatable")
+    parser.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
+                        help="continue from the last checkpoint in the output dir (or from CHECKPOINT): "
+                             "weights, optimizer, scheduler, RNG and TPF history")
+
+
+def overrides(args: argparse.Namespace) -> dict:
+    """Config keys set on the command line: the named flags, then every --set KEY=VALUE."""
+    import yaml
+
+    values = {key: getattr(args, key) for key, _, _ in FLAGS.values() if getattr(args, key, None) is not None}
+    for assignment in args.assignments:
+        key, sep, text = assignment.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set expects KEY=VALUE, got {assignment!r}")
+        values[key.strip()] = yaml.safe_load(text)
+    return values
+
+
+def print_summary(summary: dict) -> None:
+    """The run's outcome: reward start/end, TPF per probe, wall-time split and where the files are."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from grpo.trainer import PHASES
+
+    console = Console()
+    rewards = [value for _, value in summary["rewards"]]
+    if rewards:
+        k = max(1, min(5, len(rewards) // 3))
+        console.print(f"mean reward: first {k} steps {sum(rewards[:k]) / k:.3f} -> last {k} steps "
+                      f"{sum(rewards[-k:]) / k:.3f} ({len(rewards)} logged steps)")
+    if summary["tpf"]:
+        console.print("TPF by step: " + ", ".join(f"{r['step']}: {r['tpf']:.2f}" for r in summary["tpf"]))
+    if summary["stopped_at"] is not None:
+        console.print(f"[red]stopped at step {summary['stopped_at']}: TPF fell below tpf_floor "
+                      "(checkpoint saved)[/red]")
+    split = summary["wall_time"]
+    table = Table(title=f"wall time of this run ({split['total']:.0f} s)")
+    table.add_column("phase")
+    table.add_column("seconds", justify="right")
+    table.add_column("share", justify="right")
+    for phase in PHASES:
+        table.add_row(phase, f"{split[phase]:.1f}", f"{split[phase] / split['total']:.0%}" if split["total"] else "-")
+    console.print(table)
+    for name, path in summary["files"].items():
+        console.print(f"{name}: {path}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from grpo.config import load_config
+    from grpo.trainer import run_training
+
+    config = load_config(args.config, overrides(args))
+    summary = run_training(config, resume=args.resume)
+    print_summary(summary)
+    return 0 if summary["stopped_at"] is None else 3

@@ -1,0 +1,139 @@
+"""The GRPO run configuration: TRL's `GRPOConfig` plus the fields of this package, loaded from YAML.
+
+YAML keys are field names (TRL's and ours); command-line overrides replace YAML keys; YAML is read only
+here (`load_config`). Our fields say which checkpoint and pools to use and how to probe the drafter's
+tokens per forward (TPF) during RL.
+
+Example:
+    >>> cfg = load_config("configs/tiny_cpu.yaml", {"max_steps": 4})      # doctest: +SKIP
+    >>> cfg.model, cfg.pool, cfg.tpf_every                                 # doctest: +SKIP
+    ('tiny', 'tiny', 10)
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trl import GRPOConfig
+
+TPF_FLOOR_ACTIONS = ("warn", "stop")
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names the file or field and the fix."""
+
+
+@dataclass
+class GravityGRPOConfig(GRPOConfig):
+    """`trl.GRPOConfig` with the checkpoint, the prompt pool, the TPF probe and the LoRA switch."""
+
+    model: str = field(default="tiny", metadata={
+        "help": "Joint checkpoint folder to start GRPO from, or 'tiny' for the committed tiny default."})
+    pool: str = field(default="tiny", metadata={
+        "help": "GRPO prompt pool: a save_to_disk folder, .parquet, .jsonl or a built-in split name."})
+    skip_bad: bool = field(default=False, metadata={
+        "help": "Leave malformed pool rows out (logged) instead of stopping before training."})
+    probe_set: str = field(default="tiny-probe", metadata={
+        "help": "Fixed prompt set for the TPF probe (same formats as `pool`)."})
+    probe_size: int = field(default=24, metadata={
+        "help": "Number of probe prompts (the first N rows of `probe_set`)."})
+    tpf_every: int = field(default=50, metadata={
+        "help": "Measure TPF at step 0 and every N optimizer steps (and at the last step); 0 disables the probe."})
+    tpf_max_new_tokens: int = field(default=512, metadata={
+        "help": "Output cap per probe prompt, in tokens."})
+    tpf_compare_ar: bool = field(default=True, metadata={
+        "help": "Also decode each probe prompt AR-greedy and log the share of identical outputs "
+                "(`tpf/ar_equal_rate`); doubles the probe's cost."})
+    tpf_floor: float | None = field(default=None, metadata={
+        "help": "Relative TPF drop from the step-0 value that triggers `tpf_floor_action` "
+                "(0.1: act when TPF < 0.9 x the step-0 TPF). None: never."})
+    tpf_floor_action: str = field(default="warn", metadata={
+        "help": "What a TPF below the floor does: 'warn' (log a warning) or 'stop' (save a checkpoint, stop)."})
+    use_peft: bool = field(default=False, metadata={
+        "help": "Train LoRA adapters (peft) instead of all weights; the TPF probe runs on the adapted weights."})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator (scale = alpha / r)."})
+    lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA input."})
+    lora_target_modules: list[str] | str = field(default="all-linear", metadata={
+        "help": "Modules that get adapters: a list of names, or 'all-linear'."})
+    load_in_4bit: bool = field(default=False, metadata={
+        "help": "QLoRA: load the frozen base weights in 4 bit through bitsandbytes (CUDA only; needs use_peft)."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.probe_size < 1:
+            raise ConfigError(f"probe_size must be >= 1, got {self.probe_size}")
+        if self.tpf_every < 0:
+            raise ConfigError(f"tpf_every must be >= 0 (0 disables the probe), got {self.tpf_every}")
+        if self.tpf_max_new_tokens < 1:
+            raise ConfigError(f"tpf_max_new_tokens must be >= 1, got {self.tpf_max_new_tokens}")
+        if self.tpf_floor_action not in TPF_FLOOR_ACTIONS:
+            raise ConfigError(f"tpf_floor_action must be one of {TPF_FLOOR_ACTIONS}, got {self.tpf_floor_action!r}")
+        if self.tpf_floor is not None:
+            if not 0 < self.tpf_floor < 1:
+                raise ConfigError(f"tpf_floor is a relative drop in (0, 1), e.g. 0.1 for 10%; got {self.tpf_floor}")
+            if self.tpf_every == 0:
+                raise ConfigError("tpf_floor needs the TPF probe: set tpf_every > 0, or remove tpf_floor")
+        if self.tpf_floor_action == "stop" and self.tpf_floor is None:
+            raise ConfigError("tpf_floor_action 'stop' needs tpf_floor (e.g. 0.1)")
+        if self.load_in_4bit and not self.use_peft:
+            raise ConfigError("load_in_4bit (QLoRA) trains adapters on frozen 4-bit weights: set use_peft: true")
+        if self.use_peft and (self.lora_r < 1 or self.lora_alpha <= 0 or not 0 <= self.lora_dropout < 1):
+            raise ConfigError(f"LoRA settings out of range: lora_r={self.lora_r} (>= 1), "
+                              f"lora_alpha={self.lora_alpha} (> 0), lora_dropout={self.lora_dropout} (in [0, 1))")
+
+    def peft_config(self):
+        """The peft `LoraConfig` for `use_peft`, else None."""
+        if not self.use_peft:
+            return None
+        from peft import LoraConfig
+
+        return LoraConfig(r=self.lora_r, lora_alpha=self.lora_alpha, lora_dropout=self.lora_dropout,
+                          target_modules=self.lora_target_modules, task_type="CAUSAL_LM")
+
+
+def config_fields() -> set[str]:
+    """Every key a config file may hold."""
+    return {f.name for f in dataclasses.fields(GravityGRPOConfig) if f.init}
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """The mapping in a YAML config file; unknown keys raise `ConfigError` naming the file and key."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({err})") from err
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of config keys, got {type(raw).__name__}")
+    check_keys(raw, str(path))
+    return raw
+
+
+def check_keys(values: dict[str, Any], source: str) -> None:
+    """Raise `ConfigError` for keys that are not config fields, with the closest valid names."""
+    known = config_fields()
+    for key in values:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=3)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise ConfigError(f"{source}: unknown config key {key!r}{hint}")
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> GravityGRPOConfig:
+    """Build the config from a YAML file (optional) with `overrides` (e.g. command-line flags) on top."""
+    values = read_yaml(path) if path is not None else {}
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    check_keys(overrides, "command line")
+    values.update(overrides)
+    try:
+        return GravityGRPOConfig(**values)
+    except (TypeError, ValueError) as err:  # TRL's own checks raise ValueError
+        raise ConfigError(f"{path or 'config'}: {err}") from err

