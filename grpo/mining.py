@@ -189,28 +189,34 @@ class HfSampler:
 
         self.ckpt = load_checkpoint(model_dir)
         self.tok = tokenizer_of(self.ckpt.processor)
+        eos = self.ckpt.model.generation_config.eos_token_id
+        self.stop_ids = {self.tok.eos_token_id, *(eos if isinstance(eos, list) else [eos] if eos is not None else [])}
 
     def sample(self, rows: list[dict], cfg: MineConfig) -> list[list[Rollout]]:
         return [self._sample_one(row, cfg) for row in rows]
 
     def _sample_one(self, row: dict, cfg: MineConfig) -> list[Rollout]:
         import torch
+        from transformers import GenerationConfig
 
         from grpo.prompting import encode_prompt
 
-        eos = self.tok.eos_token_id
         inputs = encode_prompt(self.ckpt.processor, row, self.ckpt.is_vlm)
         greedy = cfg.temperature == 0
+        # an explicit config: plain temperature sampling as vLLM does, whatever the checkpoint's defaults
+        gen = GenerationConfig(max_new_tokens=cfg.max_tokens, do_sample=not greedy,
+                               num_return_sequences=1 if greedy else cfg.k, eos_token_id=sorted(self.stop_ids),
+                               pad_token_id=self.tok.pad_token_id if self.tok.pad_token_id is not None
+                               else self.tok.eos_token_id,
+                               **({} if greedy else {"temperature": cfg.temperature, "top_p": 1.0, "top_k": 0}))
         torch.manual_seed(_prompt_seed(cfg.seed, row[INDEX], cfg.k))
         with torch.no_grad():
-            out = self.ckpt.model.generate(
-                **inputs, max_new_tokens=cfg.max_tokens, do_sample=not greedy,
-                num_return_sequences=1 if greedy else cfg.k, pad_token_id=self.tok.pad_token_id or eos,
-                **({} if greedy else {"temperature": cfg.temperature, "top_p": 1.0, "top_k": 0}))
+            out = self.ckpt.model.generate(**inputs, generation_config=gen)
         rollouts = []
         for seq in out[:, inputs["input_ids"].shape[1]:].tolist():
-            n = seq.index(eos) + 1 if eos in seq else len(seq)
-            rollouts.append(Rollout(self.tok.decode(seq[:n], skip_special_tokens=True), n, eos not in seq[:n]))
+            stop = next((j for j, t in enumerate(seq) if t in self.stop_ids), None)
+            n = len(seq) if stop is None else stop + 1  # EOS counted, as vLLM counts it
+            rollouts.append(Rollout(self.tok.decode(seq[:n], skip_special_tokens=True), n, stop is None))
         return rollouts * cfg.k if greedy else rollouts
 
 
