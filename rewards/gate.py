@@ -10,13 +10,14 @@ from __future__ import annotations
 import functools
 import re
 
+import numpy as np
+
 GATES = ("relative", "absolute")
 NGRAM = 8
 RUN_FREE = 20     # runs up to this length cost nothing (rules, dotted leaders)
 RUN_SPAN = 200    # each character beyond RUN_FREE lowers the gate by 1/RUN_SPAN: 220 or more gives 0
 
 _TOKEN = re.compile(r"</?[A-Za-z][^<>]{0,100}>|\\[A-Za-z]+|\\.|\w+|\S", re.DOTALL)
-_RUN = re.compile(r"(.)\1*", re.DOTALL)
 
 
 def distinct_ngram_share(text: str, n: int = NGRAM) -> float:
@@ -30,7 +31,11 @@ def distinct_ngram_share(text: str, n: int = NGRAM) -> float:
 
 def longest_run(text: str) -> int:
     """Length of the longest run of one repeated character (0 for the empty string)."""
-    return max((match.end() - match.start() for match in _RUN.finditer(text)), default=0)
+    codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    if codes.size == 0:
+        return 0
+    run_ends = np.flatnonzero(codes[1:] != codes[:-1])  # last index of every run but the final one
+    return int(np.diff(np.concatenate(([-1], run_ends, [codes.size - 1]))).max())
 
 
 @functools.lru_cache(maxsize=4096)

@@ -6,21 +6,22 @@ behaviour, quirks included, so that our scores are comparable with the benchmark
 
 - text: inline math (`$…$`, `\\(…\\)`) holding `\\`, `^` or `_` becomes unicode through pylatexenc;
   then only word characters survive (`\\t`, `\\n` as two-character escapes and `/t`, `/n` are dropped too).
-- tables: `th` becomes `td`; `thead`, `tbody` and `span` are unwrapped; `<math alttext=…>` becomes
+- tables: `th` becomes `td`; `thead` and `span` are unwrapped; `<math alttext=…>` becomes
   `$alttext$`; entities are unescaped; newlines are deleted (not turned into spaces); NFKC; only the text
   from the first `<table …>` to the last `</table>` is kept (two tables merge into one); `style`,
-  `height`, `width`, `align` and `class` attributes go; whitespace runs become one space and vanish
-  between two tags; bare `<sup>`,
-  `<sub>`, `<span>`, `<div>`, `<p>` tags and `<colgroup>` blocks go; the rest is wrapped as
-  `<html><body><table border="1" >…</table></body></html>`. A string without `<table` gives `""`.
-- formulas: surrounding whitespace, `$` and newlines are stripped, the first `\\[…\\]` body is taken, `\\tag{…}`, `\\hspace{…}`, `\\begin{…}`, `\\end{…}` and
-  `\\arraycolsep…}` go, surrounding dots are stripped, a list of font/spacing commands and all spaces are
-  deleted as substrings, `$$`, `\\left`, `\\right` and `\\displaystyle` included (so `\\bm` also eats the
-  start of `\\bmod` and `\\leftarrow` becomes `arrow`), and the result is lower-cased.
+  `height`, `width`, `align` and `class` attributes go, then bare `<tbody>` tags; whitespace runs become
+  one space, and none is left between two tags; bare `<sup>`, `<sub>`, `<span>`, `<div>`, `<p>` tags and
+  `<colgroup>` blocks go; the rest is wrapped as `<html><body><table border="1" >…</table></body></html>`.
+  A string without `<table` gives `""`.
+- formulas: surrounding whitespace, `$` and newlines are stripped; the first `\\[…\\]` body is taken;
+  `\\tag{…}`, `\\hspace{…}`, `\\begin{…}`, `\\end{…}` and `\\arraycolsep…}` go; surrounding dots are
+  stripped; a list of font/spacing commands and all spaces are deleted as substrings, `$$`, `\\left`,
+  `\\right` and `\\displaystyle` included (so `\\bm` also eats the start of `\\bmod` and `\\leftarrow`
+  becomes `arrow`); the result is lower-cased.
 
 The only deliberate difference: OmniDocBench re-serializes table HTML through BeautifulSoup before the
 string steps; here the DOM edits are done on the string itself (same result on well-formed markup, and no
-extra dependency).
+extra dependency). The anchors' TEDS, TEDS-struct and NED values are reproduced exactly.
 """
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ def normalize_text(text: str) -> str:
 # ---------------------------------------------------------------- tables
 
 _TH = re.compile(r"<(/?)th(?=[\s/>])", re.IGNORECASE)
-_UNWRAPPED = re.compile(r"</?(?:thead|tbody|span)(?:\s[^>]*)?/?>", re.IGNORECASE)
+_UNWRAPPED = re.compile(r"</?(?:thead|span)(?:\s[^>]*)?/?>", re.IGNORECASE)
 _MATH = re.compile(r"<math\b([^>]*)>.*?</math\s*>", re.IGNORECASE | re.DOTALL)
 _ALTTEXT = re.compile(r"""\balttext\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>]+))""", re.IGNORECASE)
 _TABLE_BODY = re.compile(r"<table\b[^>]*>(.*)</table>", re.IGNORECASE | re.DOTALL)

@@ -71,7 +71,7 @@ def parse_table(raw: str) -> ParsedTable | None:
     rows, n_cols = [], 0
     for tr in table.iter("tr"):
         cells = [td for td in tr if td.tag == "td"]
-        rows.append(tuple(" ".join(td.text_content().split()) for td in cells))
+        rows.append(tuple(" ".join("".join(td.itertext()).split()) for td in cells))
         n_cols = max(n_cols, sum(_colspan(td) for td in cells))
     if not rows:
         return None

@@ -21,13 +21,14 @@ from dataclasses import dataclass
 
 import numpy as np
 from lxml import etree
-from lxml import html as lxml_html
 from rapidfuzz.distance import Levenshtein
 from rapidfuzz.process import cdist
 
 from rewards.ted import keyroots, tree_edit_distance
 
-_PARSER = lxml_html.HTMLParser(remove_comments=True, encoding="utf-8")
+# the parser of PubTabNet's metric.py; plain lxml elements (lxml.html's element classes cost a Python
+# lookup per node and change nothing here)
+_PARSER = etree.HTMLParser(remove_comments=True, encoding="utf-8")
 _LABELS: dict[tuple, int] = {}   # (tag, colspan, rowspan) -> label id, shared by all trees of this process
 _TOKENS: dict[str, str] = {}     # content token -> one character, so cell contents are plain strings
 _SURROGATES = range(0xD800, 0xE000)
@@ -46,17 +47,15 @@ class TableTree:
 
 
 def find_table(markup: str) -> etree._Element | None:
-    """The `<table>` element PubTabNet would score: `body/table` of a document, or a fragment's table."""
-    if not markup or not markup.strip():
+    """The `<table>` element PubTabNet would score: `body/table` (libxml2 puts a fragment's top-level
+    elements under `html/body` too, so a bare `<table>` is found the same way)."""
+    if not markup:
         return None
     try:
-        root = lxml_html.fromstring(markup, parser=_PARSER)
+        root = etree.fromstring(markup, _PARSER)
     except (etree.ParserError, ValueError, TypeError):
         return None
-    if root.tag == "table":
-        return root
-    found = root.xpath("body/table") or root.xpath("table")
-    return found[0] if found else None
+    return None if root is None else root.find("body/table")
 
 
 def span(value: str | None):

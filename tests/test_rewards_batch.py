@@ -34,8 +34,8 @@ def test_ocr_reward_equals_score_and_accepts_chat_messages():
 def test_completion_text_forms():
     assert completion_text("x") == "x"
     assert completion_text([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]) == "a"
-    assert completion_text([{"role": "assistant", "content": [{"type": "text", "text": "a"},
-                                                             {"type": "image"}, {"type": "text", "text": "b"}]}]) == "ab"
+    parts = [{"type": "text", "text": "a"}, {"type": "image"}, {"type": "text", "text": "b"}]
+    assert completion_text([{"role": "assistant", "content": parts}]) == "ab"
     assert completion_text([{"role": "assistant", "content": None}]) == ""
 
 
