@@ -31,13 +31,10 @@ def is_vlm_checkpoint(model_dir: str | Path) -> bool:
     return json.loads((Path(model_dir) / "config.json").read_text()).get("model_type") in VLM_MODEL_TYPES
 
 
-def make_llm(model_dir: str | Path, *, seed: int = 0, max_model_len: int | None = None,
-             gpu_memory_utilization: float = 0.9, dtype: str = "auto"):
-    """A vLLM `LLM` for `model_dir` with the CPU/GPU settings above.
+def set_engine_env() -> bool:
+    """Set the engine's environment defaults (user settings win) before vLLM starts; True on GPU.
 
-    `max_model_len` None takes the model's own limit; `gpu_memory_utilization` is ignored on CPU (the KV
-    cache there is `VLLM_CPU_KVCACHE_SPACE` GiB); `dtype` "auto" keeps the checkpoint's dtype.
-    Vision-language checkpoints get one image per prompt.
+    Call it before anything else creates a vLLM engine (e.g. TRL's colocated one).
     """
     import torch
 
@@ -47,6 +44,19 @@ def make_llm(model_dir: str | Path, *, seed: int = 0, max_model_len: int | None 
     if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
         log.warning("VLLM_ENABLE_V1_MULTIPROCESSING=%s: sync_weights needs an in-process engine",
                     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"])
+    return on_gpu
+
+
+def make_llm(model_dir: str | Path, *, seed: int = 0, max_model_len: int | None = None,
+             gpu_memory_utilization: float = 0.9, dtype: str = "auto"):
+    """A vLLM `LLM` for `model_dir` with the CPU/GPU settings above.
+
+    `max_model_len` None takes the model's own limit; `gpu_memory_utilization` is ignored on CPU (the KV
+    cache there is `VLLM_CPU_KVCACHE_SPACE` GiB); `dtype` "auto" is vLLM's choice, which runs a float32
+    checkpoint in 16 bits (pass "float32" to match HF float32 decoding token for token).
+    Vision-language checkpoints get one image per prompt.
+    """
+    on_gpu = set_engine_env()
     from vllm import LLM
 
     vlm = is_vlm_checkpoint(model_dir)
