@@ -15,7 +15,6 @@ Bounds, so that a pathological output gets a low score and never hangs the train
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import math
 import multiprocessing
@@ -44,23 +43,32 @@ class _Timeout(BaseException):
     """Raised by the alarm; a BaseException so that no `except Exception` on the way swallows it."""
 
 
-@contextlib.contextmanager
-def _time_limit(seconds: float):
-    """Raise `_Timeout` in this block after `seconds` (only in a main thread; elsewhere no limit)."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
-        yield
-        return
+class _Alarm:
+    """A one-shot SIGALRM timer (main thread only; elsewhere it never rings) that raises `_Timeout`
+    once. `expired` stays True even when code on the way swallowed the exception (a gc callback does)."""
 
-    def on_alarm(signum, frame):
-        raise _Timeout
+    def __init__(self, seconds: float):
+        self.seconds, self.expired = seconds, False
+        self.usable = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
 
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+    def _ring(self, signum, frame):
+        if not self.expired:
+            self.expired = True
+            raise _Timeout
+
+    def __enter__(self):
+        if self.usable:
+            self.previous = signal.signal(signal.SIGALRM, self._ring)
+            signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        return self
+
+    def __exit__(self, *exc_info):
+        if self.usable:
+            try:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            finally:
+                signal.signal(signal.SIGALRM, self.previous)
+        return False
 
 
 def _timed_out(task: str) -> RewardResult:
@@ -71,11 +79,14 @@ def _score_chunk(chunk: list[tuple[int, str, str, str]], gate: str, timeout_s: f
     """Score (key, pred, ref, task) items; returns [(key, RewardResult)]."""
     out = []
     for key, pred, ref, task in chunk:
+        alarm = _Alarm(timeout_s)
         try:
-            with _time_limit(timeout_s):
+            with alarm:
                 result = score(pred, ref, task, gate)
         except _Timeout:
-            log.warning("reward of item %d (%s) ran past %.1f s; scored %.1f", key, task, timeout_s,
+            pass
+        if alarm.expired:
+            log.warning("reward of item %d (%s) ran past %.2f s; scored %.1f", key, task, timeout_s,
                         TIMEOUT_SCORE)
             result = _timed_out(task)
         out.append((key, result))

@@ -45,6 +45,11 @@ def test_table_normalization_quirks():
     # two tables merge: everything from the first <table> to the last </table> is kept
     assert normalize_table_html("<table><tr><td>1</td></tr></table>mid<table><tr><td>2</td></tr></table>") == \
         wrap.format("<tr><td>1</td></tr></table>mid<table><tr><td>2</td></tr>")
+    # tbody is removed as a bare tag after the attribute clean-up: other attributes keep it
+    assert normalize_table_html('<table><tbody class="b"><tr><td>1</td></tr></tbody></table>') == \
+        wrap.format("<tr><td>1</td></tr>")
+    assert normalize_table_html('<table><tbody id="b"><tr><td>1</td></tr></tbody></table>') == \
+        wrap.format('<tbody id="b"><tr><td>1</td></tr>')
     # only bare <sup>/<sub>/<p>/<div> go (class is removed first); NFKC folds full-width characters
     assert normalize_table_html('<table><tr><td><sup>1</sup><p class="c">Ａ</p><p id="k">B</p></td></tr>'
                                 '</table>') == wrap.format('<tr><td>1A<p id="k">B</td></tr>')
