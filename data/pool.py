@@ -54,13 +54,11 @@ def load_pool(spec: str, skip_bad: bool = False, index_column: str | None = None
     """
     from datasets import Dataset, Image
 
-    source, base_dir, bad = _read(spec)
-    if isinstance(source, Dataset) and "image" in source.column_names:
-        if isinstance(source.features["image"], Image):
-            source = source.cast_column("image", Image(decode=False))
-        rows = source
-    else:
-        rows = [{**row, "image": _jsonl_image(row["image"])} if "image" in row else row for row in source]
+    rows, base_dir, bad = _read(spec)
+    if isinstance(rows, list):  # jsonl
+        rows = [{**row, "image": _jsonl_image(row["image"])} if "image" in row else row for row in rows]
+    elif "image" in rows.column_names and isinstance(rows.features["image"], Image):
+        rows = rows.cast_column("image", Image(decode=False))  # validate before decoding
     columns = _columns(rows)
     missing = [c for c in REQUIRED_COLUMNS if c not in columns]
     if missing:

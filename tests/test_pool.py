@@ -151,3 +151,15 @@ def test_pool_stats_command(tmp_path):
     _write_jsonl(path, rows + [{"prompt": "p", "target": "t", "task_type": "chart"}])
     with pytest.raises(SystemExit, match="row 5: unknown task_type 'chart'"):
         main(["pool-stats", str(path), "--png", str(tmp_path / "h.png")])
+
+
+def test_bad_rows_in_a_parquet_pool_with_image_bytes(tmp_path):
+    from datasets import Dataset
+
+    Dataset.from_dict({"prompt": ["p"] * 3, "target": ["t"] * 3, "task_type": ["text", "table", "math"],
+                       "image": [_png(), b"junk", _png()]}).to_parquet(str(tmp_path / "pool.parquet"))
+    with pytest.raises(PoolError) as info:
+        load_pool(str(tmp_path / "pool.parquet"))
+    assert [b.index for b in info.value.bad] == [1, 2]
+    assert info.value.bad[1].reason.startswith("unknown task_type 'math'")
+    assert load_pool(str(tmp_path / "pool.parquet"), skip_bad=True)[0]["image"].size == (12, 7)
