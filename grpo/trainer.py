@@ -177,7 +177,8 @@ def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
 
 def run_training(config: GravityGRPOConfig, resume: str | bool | None = None) -> dict[str, Any]:
     """Train (or resume: True for the last checkpoint in `output_dir`, or a checkpoint folder) and write
-    `run_config.json`, `wall_time.json` and `reward_curve.png` into `output_dir`; return a summary."""
+    `run_config.json`, `wall_time.json` and `reward_curve.png` into `output_dir`; return a summary (the
+    trainer, rewards and TPF records by step, the wall-time split, `stopped_at`, the files written)."""
     import os
 
     import torch
@@ -203,7 +204,7 @@ def run_training(config: GravityGRPOConfig, resume: str | bool | None = None) ->
     curves.update({task: reward_points(history, f"ocr/{task}/reward") for task in TASKS})
     plot_rewards(curves, out / REWARD_PNG)
     probe = next((c for c in trainer.callback_handler.callbacks if isinstance(c, TpfProbeCallback)), None)
-    return {"output_dir": out, "steps": trainer.state.global_step, "rewards": curves["reward"],
+    return {"trainer": trainer, "output_dir": out, "steps": trainer.state.global_step, "rewards": curves["reward"],
             "tpf": drift_records(history), "wall_time": split, "stopped_at": probe and probe.stopped_at,
             "files": {"reward curve": out / REWARD_PNG, "TPF drift plot": out / DRIFT_PNG,
                       "metrics": out / METRICS_JSONL, "wall-time split": out / WALL_TIME}}
