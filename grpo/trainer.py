@@ -158,6 +158,10 @@ def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
         raise ConfigError(f"{ckpt.path}: the GLM-OCR processor could not be built (see the warning above); "
                           "GRPO on images needs it")
     pool = as_prompts(load_pool(config.pool, skip_bad=config.skip_bad), ckpt.is_vlm)
+    if config.use_vllm:
+        from grpo.engine import set_engine_env
+
+        set_engine_env()  # before TRL starts the engine: in-process, small CPU KV cache
     model, quantization = ckpt.model, None
     if config.load_in_4bit:  # TRL loads the base weights in 4 bit from the folder
         from transformers import BitsAndBytesConfig
@@ -179,19 +183,10 @@ def run_training(config: GravityGRPOConfig, resume: str | bool | None = None) ->
     """Train (or resume: True for the last checkpoint in `output_dir`, or a checkpoint folder) and write
     `run_config.json`, `wall_time.json` and `reward_curve.png` into `output_dir`; return a summary (the
     trainer, rewards and TPF records by step, the wall-time split, `stopped_at`, the files written)."""
-    import os
-
-    import torch
-
-    from grpo import engine
     from grpo.drift_plot import plot_rewards
     from grpo.tpf_probe import DRIFT_PNG, TpfProbeCallback, drift_records, reward_points
     from rewards import TASKS
 
-    if config.use_vllm:  # before the engine starts: in-process engine, small CPU KV cache
-        cpu_env = {} if torch.cuda.is_available() else engine._CPU_ENV
-        for key, value in {**engine._ENGINE_ENV, **cpu_env}.items():
-            os.environ.setdefault(key, value)
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / RUN_CONFIG).write_text(config.to_json_string())

@@ -166,3 +166,21 @@ def test_engine_serves_the_trained_policy_after_sync(run):
     outputs = trainer.vllm_generation.llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24),
                                                    use_tqdm=False)
     assert [list(o.outputs[0].token_ids) for o in outputs] == greedy_policy
+
+
+def test_tpf_drift_remeasures_the_saved_checkpoints(run):
+    """`gravity-grpo tpf-drift` on the finished run: fp32 decoding of the saved weights gives exactly the
+    TPF the live probe logged at the same steps."""
+    from grpo.cli import main
+
+    _, _, summary, _ = run
+    out = summary["output_dir"]
+    assert main(["tpf-drift", str(out), "--out", str(out / "drift")]) == 0
+    records = [json.loads(line) for line in (out / "drift" / "tpf_drift_checkpoints.jsonl").open()]
+    live = {r["step"]: r for r in summary["tpf"]}
+    assert [r["step"] for r in records] == [0, 2, 4]
+    for record in records:
+        assert record["tpf"] == live[record["step"]]["tpf"]
+        assert record["tpf_by_task"] == live[record["step"]]["tpf_by_task"]
+        assert record["reward"] == live[record["step"]]["reward"]
+    assert (out / "drift" / "tpf_drift_checkpoints.png").stat().st_size > 0

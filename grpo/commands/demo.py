@@ -1,0 +1,39 @@
+"""`gravity-grpo demo` (`make demo`): the main job, GRPO on the tiny default on this machine."""
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+HELP = "the main job: a few minutes of GRPO on the tiny default with colocated vLLM; prints where the results are"
+
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, default=CONFIG, help="run config (default: configs/tiny_cpu.yaml)")
+    parser.add_argument("--output-dir", type=Path, default=Path("runs/demo"),
+                        help="run folder, emptied first (default: runs/demo)")
+    parser.add_argument("--max-steps", type=int, help="optimizer steps (default: the config's)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from grpo.commands.train import print_summary
+    from grpo.config import load_config
+    from grpo.trainer import RUN_CONFIG, run_training
+
+    console = Console()
+    config = load_config(args.config, {"output_dir": str(args.output_dir), "max_steps": args.max_steps})
+    if args.output_dir.exists() and any(args.output_dir.iterdir()):
+        if not (args.output_dir / RUN_CONFIG).is_file():
+            raise SystemExit(f"{args.output_dir} is not empty and holds no previous run; choose another --output-dir")
+        console.print(f"removing the previous demo run in {args.output_dir}")
+        shutil.rmtree(args.output_dir)
+    console.print(f"GRPO on {config.model} with pool {config.pool}: {config.max_steps} steps, "
+                  f"{config.generation_batch_size // config.num_generations} prompts x {config.num_generations} "
+                  f"rollouts per step, TPF probe every {config.tpf_every} steps")
+    summary = run_training(config)
+    print_summary(summary)
+    return 0
