@@ -106,3 +106,19 @@ def test_peft_config_follows_fields(tmp_path):
     lora = cfg.peft_config()
     assert (lora.r, lora.lora_alpha, set(lora.target_modules)) == (4, 8, {"q_proj", "v_proj"})
     assert load_config(None, {"output_dir": str(tmp_path), "use_cpu": True}).peft_config() is None
+
+
+@pytest.mark.parametrize("name, per_device", [("zero3.yaml", None), ("zero3_multinode.yaml", 6)])
+def test_accelerate_configs_give_672_completions_per_step(tmp_path, name, per_device):
+    """Each launch config, with the batch size its header names, keeps 24 prompts x 28 rollouts per step."""
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    launch = load_config_from_file(str(ROOT / "configs" / "accelerate" / name))
+    assert launch.distributed_type == "DEEPSPEED" and launch.deepspeed_config["zero_stage"] == 3
+    assert launch.mixed_precision == "bf16"
+    overrides = {"output_dir": str(tmp_path), "use_cpu": True}
+    if per_device:
+        overrides["per_device_train_batch_size"] = per_device
+        assert f"per_device_train_batch_size={per_device}" in (ROOT / "configs" / "accelerate" / name).read_text()
+    cfg = load_config(RECIPE, overrides)
+    assert launch.num_processes * cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps == 24 * 28
