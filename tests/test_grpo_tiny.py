@@ -1,0 +1,47 @@
+"""The tiny default end to end: `gravity-grpo demo` for two steps, and the TPF floor stopping a run whose
+learning rate wrecks the drafter (the tiny default drafts several tokens per forward; a random model
+does not, so its TPF cannot fall)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+TINY_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny_cpu.yaml"
+
+pytestmark = pytest.mark.slow
+
+
+def test_demo_runs_the_tiny_config(tmp_path, capsys):
+    from grpo.cli import main
+
+    out = tmp_path / "demo"
+    assert main(["demo", "--output-dir", str(out), "--max-steps", "2"]) == 0
+    printed = capsys.readouterr().out
+    for name in ("reward_curve.png", "tpf_drift.png", "metrics.jsonl", "wall_time.json"):
+        assert (out / name).stat().st_size > 0
+        assert str(out / name) in printed.replace("\n", "")
+    for phase in ("generation", "reward", "backward", "tpf_probe"):
+        assert phase in printed
+    steps = [json.loads(line)["step"] for line in (out / "tpf_drift.jsonl").open()]
+    assert steps == [0, 2]  # step 0 and the last step
+
+
+def test_tpf_floor_stops_and_saves(tmp_path):
+    from grpo.cli import main
+    from grpo.checkpoint import load_checkpoint
+
+    out = tmp_path / "run"
+    code = main(["train", "--config", str(TINY_CONFIG), "--output-dir", str(out), "--max-steps", "6",
+                 "--tpf-every", "1", "--learning-rate", "0.05",  # a rate that wrecks the drafter
+                 "--set", "tpf_floor=0.2", "--set", "tpf_floor_action=stop", "--set", "save_steps=100",
+                 "--set", "per_device_train_batch_size=16"])
+    assert code == 3
+    records = [json.loads(line) for line in (out / "tpf_drift.jsonl").open()]
+    stop = records[-1]["step"]
+    assert 0 < stop < 6
+    assert records[-1]["tpf"] < 0.8 * records[0]["tpf"]
+    assert all(r["tpf"] >= 0.8 * records[0]["tpf"] for r in records[:-1])  # it stopped at the first breach
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == [f"checkpoint-{stop}"]  # save_steps never hit
+    load_checkpoint(out / f"checkpoint-{stop}", need_drafter=True)
