@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import logging
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -28,8 +27,6 @@ from typing import Any
 from trl import GRPOTrainer
 
 from grpo.config import ConfigError, GravityGRPOConfig
-
-log = logging.getLogger(__name__)
 
 # Phases of the wall-time split, in the order they are reported.
 PHASES = ("generation", "reward", "logprobs", "backward", "tpf_probe", "other")
@@ -84,6 +81,7 @@ class GravityGRPOTrainer(GRPOTrainer):
             getattr(processor, "tokenizer", processor).padding_side = "left"
         self._raw_seconds: dict[str, float] = defaultdict(float)
         self._next_log: dict[str, float] = {}
+        self._entries_written = -1  # log entries in OUTPUT/metrics.jsonl; -1: not written by this process yet
         with _cpu_engine_settings(model, args):
             super().__init__(model, reward_funcs, args, **kwargs)
         if self.use_vllm and self.vllm_mode == "colocate" and self.accelerator.device.type == "cpu":
@@ -141,10 +139,17 @@ class GravityGRPOTrainer(GRPOTrainer):
         logs.update(self._next_log)
         self._next_log.clear()
         super().log(logs, start_time)
-        if self.state.is_world_process_zero:  # rewritten whole, so a resumed run's file matches its history
-            path = Path(self.args.output_dir) / METRICS_JSONL
+        if not self.state.is_world_process_zero:
+            return
+        history = self.state.log_history
+        path = Path(self.args.output_dir) / METRICS_JSONL
+        if self._entries_written == len(history) - 1:
+            with path.open("a") as f:
+                f.write(json.dumps(history[-1]) + "\n")
+        else:  # first write of this process: the whole history, so a resumed run's file matches its state
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text("".join(json.dumps(entry) + "\n" for entry in self.state.log_history))
+            path.write_text("".join(json.dumps(entry) + "\n" for entry in history))
+        self._entries_written = len(history)
 
     def train(self, *args: Any, **kwargs: Any):
         with self.timed("train"):
@@ -237,6 +242,6 @@ def run_training(config: GravityGRPOConfig, resume: str | bool | None = None) ->
     plot_rewards(curves, out / REWARD_PNG)
     probe = next((c for c in trainer.callback_handler.callbacks if isinstance(c, TpfProbeCallback)), None)
     return {"trainer": trainer, "output_dir": out, "steps": trainer.state.global_step, "rewards": curves["reward"],
-            "tpf": drift_records(history), "wall_time": split, "stopped_at": probe and probe.stopped_at,
+            "tpf": drift_records(history), "wall_time": split, "stopped_at": probe.stopped_at if probe else None,
             "files": {"reward curve": out / REWARD_PNG, "TPF drift plot": out / DRIFT_PNG,
                       "metrics": out / METRICS_JSONL, "wall-time split": out / WALL_TIME}}
