@@ -127,8 +127,12 @@ class TpfProbeCallback(TrainerCallback):
                                     progress=False)
                 metrics = probe_metrics(stats)
         [metrics] = broadcast_object_list([metrics])
-        log.info("TPF probe at step %d: %.3f tokens/forward on %d prompts (%.1f s)", trainer.state.global_step,
-                 metrics["tpf/mean"], len(self.rows), time.perf_counter() - start)
+        if "tpf/mean" not in metrics:  # no draft/verify forward at all: every output ended at its first token
+            log.warning("TPF probe at step %d: no forwards to count (every output was one token)",
+                        trainer.state.global_step)
+        else:
+            log.info("TPF probe at step %d: %.3f tokens/forward on %d prompts (%.1f s)", trainer.state.global_step,
+                     metrics["tpf/mean"], len(self.rows), time.perf_counter() - start)
         return metrics
 
     def _check_floor(self, args, control, records: list[dict]) -> None:
