@@ -52,7 +52,7 @@ def print_summary(summary: dict) -> None:
     console = Console()
     rewards = [value for _, value in summary["rewards"]]
     if rewards:
-        k = max(1, min(5, len(rewards) // 3))
+        k = max(1, len(rewards) // 4)  # quarters: a step's mean over a few prompts is noisy
         console.print(f"mean reward: first {k} steps {sum(rewards[:k]) / k:.3f} -> last {k} steps "
                       f"{sum(rewards[-k:]) / k:.3f} ({len(rewards)} logged steps)")
     if summary["tpf"]:
