@@ -59,13 +59,13 @@ class JointConfig:
     threads: int = field(default=2, metadata={"help": "torch CPU threads"})
     save_every: int = field(default=0, metadata={"help": "intermediate checkpoint every N steps (0: none)"})
     checkpoint_dir: str = field(default="runs/joint", metadata={"help": "where intermediate checkpoints go"})
-    # architecture of the from-scratch tiny model (Qwen2-style; head_dim 32 so vLLM CPU serves it)
-    hidden_size: int = 256
+    # architecture of the from-scratch tiny model (Qwen2-style block; head_dim 32 so vLLM CPU serves it)
+    hidden_size: int = 128
     num_layers: int = 4
-    num_heads: int = 8
-    num_kv_heads: int = 8
+    num_heads: int = 4
+    num_kv_heads: int = 4
     head_dim: int = 32
-    intermediate_size: int = 768
+    intermediate_size: int = 384
     max_position_embeddings: int = 2048
 
     def __post_init__(self) -> None:
@@ -212,18 +212,23 @@ def combine(l_ar: torch.Tensor | None, l_diff: torch.Tensor | None, w: float) ->
 
 
 def build_tiny_model(cfg: JointConfig, tokenizer):
-    """A Qwen2-style causal LM from scratch over `tokenizer` (tied embeddings, no BOS)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    """A Qwen2-style causal LM from scratch over `tokenizer`: tied embeddings, biased attention, no BOS.
 
-    config = Qwen2Config(
+    It is a `LlamaForCausalLM` with `attention_bias=True` (the Qwen2 block, plus an output-projection bias):
+    transformers forces its Qwen2 tokenizer class on any `qwen2` checkpoint, which would replace our
+    tokenizer's pre-tokenization on reload, while a `llama` checkpoint keeps the saved `tokenizer.json`.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
         head_dim=cfg.head_dim, max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=True,
-        rope_theta=10000.0, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+        attention_bias=True, rope_theta=10000.0, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(cfg.seed)
-    model = Qwen2ForCausalLM(config)
+    model = LlamaForCausalLM(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = None

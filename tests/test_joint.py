@@ -219,3 +219,23 @@ def test_joint_training_aligns_drafter_with_decoding(tokenizer):
         assert result.tokens == ar_generate(model, inputs, stops, 64).tokens
         # a misaligned drafter (off by one position) would accept almost nothing
         assert sum(result.accepted) / len(result.accepted) >= B / 2
+
+
+def test_saved_checkpoint_reloads_with_the_same_tokenization(tokenizer, tmp_path):
+    """A saved tiny checkpoint keeps its own tokenizer (no architecture-specific tokenizer class on reload)."""
+    from transformers import AutoTokenizer
+
+    from data.synthetic import generate
+    from grpo.checkpoint import load_checkpoint
+    from grpo.joint import save
+
+    model = _tiny(tokenizer).eval()
+    save(model, tokenizer, tmp_path, JointConfig(bd_size=4))
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    for row in generate("tiny-probe", 9):
+        assert reloaded(row["prompt"]).input_ids == tokenizer(row["prompt"]).input_ids
+        assert reloaded(row["target"], add_special_tokens=False).input_ids == \
+            tokenizer(row["target"], add_special_tokens=False).input_ids
+    ckpt = load_checkpoint(tmp_path, need_drafter=True)
+    assert ckpt.bd.bd_size == 4 and ckpt.bd.mask_id == tokenizer.convert_tokens_to_ids("<|mask|>")
+    assert ckpt.model.config.head_dim == 32 and ckpt.model.generation_config.bos_token_id is None
