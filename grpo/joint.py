@@ -57,6 +57,9 @@ class JointConfig:
     max_target_tokens: int = field(default=128, metadata={"help": "longer training targets are skipped"})
     seed: int = field(default=0, metadata={"help": "seed of sampling, masking and initialisation"})
     threads: int = field(default=2, metadata={"help": "torch CPU threads"})
+    stop_at_step: int = field(default=0, metadata={
+        "help": "end the run after this many steps in all (0: both stages to the end); the learning-rate "
+                "schedules still assume the full stage lengths, so this is an intermediate checkpoint of the full run"})
     save_every: int = field(default=0, metadata={"help": "intermediate checkpoint every N steps (0: none)"})
     checkpoint_dir: str = field(default="runs/joint", metadata={"help": "where intermediate checkpoints go"})
     # architecture of the from-scratch tiny model (Qwen2-style block; head_dim 32 so vLLM CPU serves it)
@@ -75,6 +78,8 @@ class JointConfig:
             raise ValueError(f"ar_loss_weight must be >= 0, got {self.ar_loss_weight}")
         if self.ar_steps < 0 or self.joint_steps < 0 or self.ar_steps + self.joint_steps == 0:
             raise ValueError("ar_steps and joint_steps must be >= 0 and not both 0")
+        if self.stop_at_step < 0 or self.stop_at_step > self.ar_steps + self.joint_steps:
+            raise ValueError(f"stop_at_step must be in [0, ar_steps + joint_steps], got {self.stop_at_step}")
         if self.head_dim * self.num_heads != self.hidden_size and self.init is None:
             logger.info("head_dim * num_heads (%d) differs from hidden_size (%d)",
                         self.head_dim * self.num_heads, self.hidden_size)
@@ -302,9 +307,10 @@ def train_joint(cfg: JointConfig, progress: bool = True) -> Path:
     gen = torch.Generator().manual_seed(cfg.seed)
     model.train()
     stages = [("ar", cfg.ar_steps), ("joint", cfg.joint_steps)]
+    stop = cfg.stop_at_step or cfg.ar_steps + cfg.joint_steps
     done = 0
     for stage, steps in stages:
-        if steps == 0:
+        if steps == 0 or done >= stop:
             continue
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
         bar = tqdm(range(steps), desc=stage, disable=not progress, mininterval=5)
@@ -326,6 +332,8 @@ def train_joint(cfg: JointConfig, progress: bool = True) -> Path:
             if step % 50 == 0 or step == steps - 1:
                 logger.info("%s step %d/%d (total %d): L_AR %s L_diff %s", stage, step, steps, done,
                             stats["ar"], stats["diff"])
+            if done >= stop:
+                break
             if cfg.save_every and done % cfg.save_every == 0:
                 model.eval()
                 save(model, tokenizer, Path(cfg.checkpoint_dir) / f"step-{done}", cfg)
