@@ -106,6 +106,8 @@ def test_config_rejects_unknown_yaml_field_and_bad_values(tmp_path):
         JointConfig(bd_size=0)
     with pytest.raises(ValueError, match="ar_steps"):
         JointConfig(ar_steps=0, joint_steps=0)
+    with pytest.raises(ValueError, match="stop_at_step"):
+        JointConfig(ar_steps=2, joint_steps=3, stop_at_step=6)
 
 
 def test_combine_weights_losses():
