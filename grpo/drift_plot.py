@@ -12,13 +12,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, Sequence
 
+SMOOTH_STEPS = 10  # running-mean window for per-step rewards (a step averages only a few prompts)
+
+
+def running_mean(points: Sequence[tuple[int, float]], window: int = SMOOTH_STEPS) -> list[tuple[int, float]]:
+    """(step, mean of the last `window` values up to this step) for sorted (step, value) points."""
+    values = [v for _, v in points]
+    return [(step, sum(values[max(0, i + 1 - window):i + 1]) / len(values[max(0, i + 1 - window):i + 1]))
+            for i, (step, _) in enumerate(points)]
+
 
 def plot_drift(records: Sequence[dict], path: str | Path, rewards: Iterable[tuple[int, float]] = (),
                title: str = "Drafter agreement across GRPO steps") -> Path:
     """Draw TPF (overall, and per task) and mean reward versus step into `path` (PNG).
 
     `records`: one dict per probe with `step`, `tpf` and optionally `tpf_by_task` {task: tpf};
-    `rewards`: (step, mean reward) points, drawn on a second axis.
+    `rewards`: (step, mean reward) points, drawn on a second axis, per step and as a running mean.
     """
     import matplotlib
 
@@ -42,9 +51,11 @@ def plot_drift(records: Sequence[dict], path: str | Path, rewards: Iterable[tupl
     rewards = sorted(rewards)
     if rewards:
         twin = ax.twinx()
-        twin.plot(*zip(*rewards), color="tab:red", lw=1.2, alpha=0.8, label="mean reward")
+        twin.plot(*zip(*rewards), color="tab:red", lw=0.6, alpha=0.35)
+        twin.plot(*zip(*running_mean(rewards)), color="tab:red", lw=1.5,
+                  label=f"mean reward ({SMOOTH_STEPS}-step running mean)")
         twin.set_ylabel("mean reward")
-        twin.set_ylim(0, 1)
+        twin.set_ylim(top=1.02)  # rewards lie in [0, 1]; the lower end follows the data
         more_handles, more_labels = twin.get_legend_handles_labels()
         handles, labels = handles + more_handles, labels + more_labels
     ax.legend(handles, labels, loc="lower left", fontsize=8)
@@ -58,7 +69,8 @@ def plot_drift(records: Sequence[dict], path: str | Path, rewards: Iterable[tupl
 
 def plot_rewards(curves: dict[str, Sequence[tuple[int, float]]], path: str | Path,
                  title: str = "GRPO reward") -> Path:
-    """Draw reward curves (name -> (step, value) points; e.g. the mean and each task) into `path` (PNG)."""
+    """Draw reward curves (name -> (step, value) points; e.g. the mean and each task) into `path` (PNG),
+    each per step (thin) and as a running mean (thick)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -66,11 +78,13 @@ def plot_rewards(curves: dict[str, Sequence[tuple[int, float]]], path: str | Pat
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, points in curves.items():
-        if points:
-            ax.plot(*zip(*sorted(points)), lw=2 if name == "reward" else 1, label=name)
+        if points:  # thin: per step; thick: running mean
+            line, = ax.plot(*zip(*sorted(points)), lw=0.6, alpha=0.35)
+            ax.plot(*zip(*running_mean(sorted(points))), color=line.get_color(), lw=2.2 if name == "reward" else 1.2,
+                    label=f"{name} ({SMOOTH_STEPS}-step running mean)")
     ax.set_xlabel("GRPO step")
     ax.set_ylabel("reward")
-    ax.set_ylim(0, 1)
+    ax.set_ylim(top=1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(title)

