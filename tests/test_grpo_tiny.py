@@ -34,7 +34,7 @@ def test_tpf_floor_stops_and_saves(tmp_path):
 
     out = tmp_path / "run"
     code = main(["train", "--config", str(TINY_CONFIG), "--output-dir", str(out), "--max-steps", "6",
-                 "--tpf-every", "1", "--learning-rate", "0.05",  # a rate that wrecks the drafter
+                 "--tpf-every", "1", "--learning-rate", "0.003",  # a rate that wrecks the drafter
                  "--set", "tpf_floor=0.2", "--set", "tpf_floor_action=stop", "--set", "save_steps=100",
                  "--set", "per_device_train_batch_size=16"])
     assert code == 3
