@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -22,6 +24,26 @@ _ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 # CPU only: the KV cache size in GiB (vLLM's CPU default takes a large share of RAM), and no OpenMP
 # thread pinning (pinning fails or starves others on shared machines).
 _CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
+_LLVMLITE_FFI = "llvmlite.binding.ffi"
+
+
+@contextmanager
+def engine_start_guard():
+    """Wrap every vLLM engine start in a process that may already have run numba (the TEDS kernel).
+
+    vllm-cpu's start-up scan of every module global (vllm.triton_utils) calls `vars(x).get(...)`; once numba
+    has compiled, llvmlite's `ffi.lib` answers `vars()` with a C function and the engine fails to start
+    ('_lib_fn_wrapper' object has no attribute 'get'). The scan has nothing to find there, so that module
+    sits out of `sys.modules` while the engine starts.
+    """
+    llvmlite_ffi = sys.modules.pop(_LLVMLITE_FFI, None)
+    try:
+        yield
+    finally:
+        if llvmlite_ffi is not None:
+            sys.modules[_LLVMLITE_FFI] = llvmlite_ffi
 
 
 def is_vlm_checkpoint(model_dir: str | Path) -> bool:
@@ -71,7 +93,8 @@ def make_llm(model_dir: str | Path, *, seed: int = 0, max_model_len: int | None 
     if vlm:
         kwargs["limit_mm_per_prompt"] = {"image": 1}
     try:
-        return LLM(**kwargs)
+        with engine_start_guard():
+            return LLM(**kwargs)
     except Exception as err:
         if not vlm:
             raise

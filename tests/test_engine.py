@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from grpo.engine import is_vlm_checkpoint, make_llm, sync_weights
+from rewards import teds
 
 pytestmark = pytest.mark.slow
 
@@ -21,6 +22,8 @@ def ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def llm(ckpt):
+    # Start it as GRPO and mining do: in a process where numba has already compiled the TEDS kernel.
+    assert teds("<table><tr><td>a</td></tr></table>", "<table><tr><td>b</td></tr></table>") == 1.0
     return make_llm(ckpt, max_model_len=256, dtype="float32")
 
 
