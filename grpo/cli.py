@@ -25,16 +25,13 @@ COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gravity-grpo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="gravity-grpo",
+        description="GRPO through the causal AR path of a self-speculative OCR model, and its tools.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module_name in COMMANDS.items():
-        try:
-            module = importlib.import_module(f"grpo.commands.{module_name}")
-        except ModuleNotFoundError as err:
-            if err.name != f"grpo.commands.{module_name}":
-                raise
-            continue  # command not built yet
+        module = importlib.import_module(f"grpo.commands.{module_name}")
         command = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(command)
         command.set_defaults(run=module.run)
