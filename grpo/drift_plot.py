@@ -60,11 +60,7 @@ def plot_drift(records: Sequence[dict], path: str | Path, rewards: Iterable[tupl
         handles, labels = handles + more_handles, labels + more_labels
     ax.legend(handles, labels, loc="lower left", fontsize=8)
     ax.set_title(title)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_rewards(curves: dict[str, Sequence[tuple[int, float]]], path: str | Path,
@@ -88,6 +84,13 @@ def plot_rewards(curves: dict[str, Sequence[tuple[int, float]]], path: str | Pat
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(title)
+    return _save(fig, path)
+
+
+def _save(fig, path: str | Path) -> Path:
+    """Write `fig` as a PNG to `path` and free it."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)
