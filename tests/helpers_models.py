@@ -54,8 +54,6 @@ def build_text_checkpoint(out_dir: Path, bd_size: int = 8, seed: int = 0, hidden
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from grpo.checkpoint import add_mask_token, save_joint_checkpoint
-
     out_dir = Path(out_dir)
     tok = build_char_tokenizer(out_dir / "_tokenizer")
     torch.manual_seed(seed)
@@ -64,18 +62,12 @@ def build_text_checkpoint(out_dir: Path, bd_size: int = 8, seed: int = 0, hidden
                          max_position_embeddings=4096, initializer_range=init_std, tie_word_embeddings=True,
                          eos_token_id=tok.eos_token_id, bos_token_id=None)  # no pad id: its row would be zeros
     model = LlamaForCausalLM(config).eval()
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
-    add_mask_token(model, tok)
-    save_joint_checkpoint(model, tok, out_dir, bd_size=bd_size)
-    return out_dir
+    return _save_joint(model, tok, out_dir, bd_size)
 
 
 def build_glmocr_checkpoint(out_dir: Path, bd_size: int = 8, seed: int = 0, init_std: float = 0.2) -> Path:
     """Random tiny GlmOcrForConditionalGeneration + tokenizer with image tokens + `<|mask|>`, joint format."""
     from transformers import GlmOcrConfig, GlmOcrForConditionalGeneration
-
-    from grpo.checkpoint import add_mask_token, save_joint_checkpoint
 
     out_dir = Path(out_dir)
     tok = build_char_tokenizer(out_dir / "_tokenizer", extra_special=IMAGE_TOKENS)
@@ -96,11 +88,7 @@ def build_glmocr_checkpoint(out_dir: Path, bd_size: int = 8, seed: int = 0, init
         video_start_token_id=ids["<|begin_of_video|>"], video_end_token_id=ids["<|end_of_video|>"],
         tie_word_embeddings=False, initializer_range=init_std)
     model = GlmOcrForConditionalGeneration(config).eval()
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
-    add_mask_token(model, tok)
-    save_joint_checkpoint(model, tok, out_dir, bd_size=bd_size)
-    return out_dir
+    return _save_joint(model, tok, out_dir, bd_size)
 
 
 def build_glm_processor(tokenizer):
@@ -118,3 +106,14 @@ def build_glm_processor(tokenizer):
     with mock.patch.object(ProcessorMixin, "check_argument_for_proper_class", lambda self, name, arg: None):
         return Glm46VProcessor(image_processor=images, tokenizer=tokenizer, video_processor=None,
                                chat_template=GLM_CHAT_TEMPLATE)
+
+
+def _save_joint(model, tok, out_dir: Path, bd_size: int) -> Path:
+    """Stop generation at the tokenizer's EOS, add `<|mask|>` and save in the joint format."""
+    from grpo.checkpoint import add_mask_token, save_joint_checkpoint
+
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    add_mask_token(model, tok)
+    save_joint_checkpoint(model, tok, out_dir, bd_size=bd_size)
+    return out_dir
