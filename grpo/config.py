@@ -1,7 +1,7 @@
 """The GRPO run configuration: TRL's `GRPOConfig` plus the fields of this package, loaded from YAML.
 
-YAML keys are field names (TRL's and ours); command-line overrides replace YAML keys; YAML is read only
-here (`load_config`). Our fields say which checkpoint and pools to use and how to probe the drafter's
+YAML keys are field names (TRL's and ours); command-line overrides replace YAML keys; YAML is read by
+`grpo.yaml_config` (through `load_config`). Our fields say which checkpoint and pools to use and how to probe the drafter's
 tokens per forward (TPF) during RL.
 
 Example:
@@ -12,18 +12,16 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trl import GRPOConfig
 
+from grpo import yaml_config
+from grpo.yaml_config import ConfigError, check_keys
+
 TPF_FLOOR_ACTIONS = ("warn", "stop")
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message names the file or field and the fix."""
 
 
 @dataclass
@@ -106,37 +104,15 @@ def config_fields() -> set[str]:
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """The mapping in a YAML config file; unknown keys raise `ConfigError` naming the file and key."""
-    import yaml
-
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({err})") from err
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping of config keys, got {type(raw).__name__}")
-    check_keys(raw, str(path))
-    return raw
-
-
-def check_keys(values: dict[str, Any], source: str) -> None:
-    """Raise `ConfigError` for keys that are not config fields, with the closest valid names."""
-    known = config_fields()
-    for key in values:
-        if key not in known:
-            close = difflib.get_close_matches(str(key), known, n=3)
-            hint = f" (did you mean {', '.join(close)}?)" if close else ""
-            raise ConfigError(f"{source}: unknown config key {key!r}{hint}")
+    """The mapping in a GRPO config file; unknown keys raise `ConfigError` naming the file and key."""
+    return yaml_config.read_yaml(path, config_fields())
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> GravityGRPOConfig:
     """Build the config from a YAML file (optional) with `overrides` (e.g. command-line flags) on top."""
     values = read_yaml(path) if path is not None else {}
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
-    check_keys(overrides, "command line")
+    check_keys(overrides, "command line", config_fields())
     values.update(overrides)
     try:
         return GravityGRPOConfig(**values)

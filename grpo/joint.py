@@ -86,19 +86,11 @@ class JointConfig:
 
 
 def load_config(path: str | Path | None = None, **overrides) -> JointConfig:
-    """The one place YAML is read: `path`'s keys, then `overrides` (non-None values), into a JointConfig."""
-    import yaml
+    """`path`'s keys (read by `grpo.yaml_config`), then `overrides` (non-None values), into a JointConfig."""
+    from grpo.yaml_config import read_yaml
 
-    values = {}
-    if path is not None:
-        raw = yaml.safe_load(Path(path).read_text()) or {}
-        if not isinstance(raw, dict):
-            raise ValueError(f"{path}: expected a mapping of JointConfig fields")
-        known = {f.name for f in dataclasses.fields(JointConfig)}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise ValueError(f"{path}: unknown field(s) {unknown}; valid: {sorted(known)}")
-        values.update(raw)
+    known = {f.name for f in dataclasses.fields(JointConfig)}
+    values = read_yaml(path, known) if path is not None else {}
     values.update({k: v for k, v in overrides.items() if v is not None})
     return JointConfig(**values)
 
