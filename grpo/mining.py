@@ -186,11 +186,11 @@ class HfSampler:
 
     def __init__(self, model_dir: Path):
         from grpo.checkpoint import load_checkpoint, tokenizer_of
+        from grpo.decoding import stop_token_ids
 
         self.ckpt = load_checkpoint(model_dir)
         self.tok = tokenizer_of(self.ckpt.processor)
-        eos = self.ckpt.model.generation_config.eos_token_id
-        self.stop_ids = {self.tok.eos_token_id, *(eos if isinstance(eos, list) else [eos] if eos is not None else [])}
+        self.stop_ids = stop_token_ids(self.ckpt.model, self.tok)
 
     def sample(self, rows: list[dict], cfg: MineConfig) -> list[list[Rollout]]:
         return [self._sample_one(row, cfg) for row in rows]
