@@ -5,6 +5,11 @@ for a text-only policy, a faithful serialization of what the crop shows appended
 newline (text lines as lines; a table as rows of `|`-separated cells in reading order with `{cN}`/`{rN}`
 span marks; a formula as its LaTeX source). Vision-language sets get a PIL rendering (`data.render`).
 
+Most crops carry a few blots: `BLOT` characters that hide letters or digits of the content, one per hidden
+character, while the target keeps the true ones (a smudged scan). A blot inside a lexicon word can often be
+read from the rest of the word; a blotted digit or formula symbol cannot. So no policy scores 1 on every
+crop, a sampled group differs where blots are, and the AR path still mostly copies (which keeps TPF high).
+
 The splits never share an example: every candidate is assigned to one split by a hash of its content,
 and each split keeps only the candidates of its own bucket.
 
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from dataclasses import dataclass
 
 TASK_PROMPTS = {"text": "Text Recognition:", "table": "Table Recognition:", "formula": "Formula Recognition:"}
@@ -53,6 +59,19 @@ _LATEX_BINOPS = ["+", "-", "=", r"\cdot", r"\times", r"\leq", r"\geq", r"\approx
 _LATEX_FUNCS = [r"\sin", r"\cos", r"\log", r"\exp", r"\ln"]
 
 
+BLOT = "░"
+# task -> (blot count per crop, drawn uniformly; what a blot may hide; whole unit or a part of it)
+_BLOTS = {
+    "text": ((0, 1, 2, 3, 3, 4), re.compile(r"[A-Za-z0-9]+"), False),
+    # cell content only: never the letters and digits of the `{rN}`/`{cN}` span marks
+    "table": ((0, 1, 2, 2, 3, 3), re.compile(r"(?<![{A-Za-z0-9])[A-Za-z0-9]+"), False),
+    # a whole symbol: a Greek letter, a lone Latin letter (not part of a command or environment name), a number
+    "formula": ((0, 1, 1, 2, 2, 3), re.compile(
+        "|".join(re.escape(v) + "(?![A-Za-z])" for v in _LATEX_VARS if v.startswith("\\"))
+        + r"|(?<![\\A-Za-z])[A-Za-z](?![A-Za-z])|\d+"), True),
+}
+
+
 @dataclass(frozen=True)
 class Example:
     task_type: str
@@ -80,8 +99,8 @@ def _words(rng: random.Random, n: int) -> list[str]:
 def gen_text(rng: random.Random) -> Example:
     """A text line or a short paragraph of 1-3 lines; the target keeps the line breaks."""
     lines = []
-    for _ in range(rng.choice((1, 1, 2, 3))):
-        words = _words(rng, rng.randint(3, 10))
+    for _ in range(rng.choice((1, 2, 2, 3))):
+        words = _words(rng, rng.randint(4, 10))
         words[0] = words[0][:1].upper() + words[0][1:]
         line = " ".join(words)
         lines.append(line + rng.choice(("", ".", ".", ",", ":")))
@@ -90,7 +109,7 @@ def gen_text(rng: random.Random) -> Example:
 
 
 def _table_grid(rng: random.Random) -> list[list[tuple[str, int, int]]]:
-    """Rows of (cell text, rowspan, colspan), already omitting the slots covered by spans."""
+    """Rows of (cell text, rowspan, colspan), already omitting the slots covered by spans (never a whole row)."""
     n_rows, n_cols = rng.randint(2, 4), rng.randint(2, 4)
     covered = set()
     rows = []
@@ -99,7 +118,7 @@ def _table_grid(rng: random.Random) -> list[list[tuple[str, int, int]]]:
         for c in range(n_cols):
             if (r, c) in covered:
                 continue
-            rowspan = 2 if r == 1 and r + 1 < n_rows and rng.random() < 0.15 else 1
+            rowspan = 2 if r == 1 and r + 1 < n_rows and c + 1 < n_cols and rng.random() < 0.15 else 1
             colspan = 2 if r == 0 and c + 1 < n_cols and rng.random() < 0.2 else 1
             for dr in range(rowspan):
                 for dc in range(colspan):
@@ -115,19 +134,49 @@ def _table_grid(rng: random.Random) -> list[list[tuple[str, int, int]]]:
     return rows
 
 
+def _cased(text: str, capital: bool) -> str:
+    return (text[:1].upper() if capital else text[:1].lower()) + text[1:]
+
+
 def gen_table(rng: random.Random) -> Example:
-    """An HTML table with a header row, numbers, empty cells and the odd colspan/rowspan."""
-    rows = _table_grid(rng)
+    """An HTML table with a header row, numbers, empty cells and the odd colspan/rowspan, borderless.
+
+    Without rules a row label wrapped onto a second line (`rest||`) looks like a section row (a label
+    and empty cells). Capitalization hints which one it is, and is right 70% of the time: a wrapped
+    label goes on in lower case, a section row starts with a capital.
+    """
+    grid = _table_grid(rng)
+    n_cols = sum(colspan for _, _, colspan in grid[0])
+
+    def plain(row):  # a full row without spans, so a line can follow it without cutting a rowspan
+        return len(row) == n_cols and all(rowspan == 1 for _, rowspan, _ in row)
+
+    after = [r for r, row in enumerate(grid) if r == 0 or plain(row)]
+    section_after = rng.choice(after) if rng.random() < 0.35 else None
     lines, html = [], ["<table>"]
-    for row in rows:
+
+    def emit(shown: list[tuple[str, int, int]], texts: list[str]) -> None:
         cells, tags = [], ["<tr>"]
-        for text, rowspan, colspan in row:
+        for (shown_text, rowspan, colspan), text in zip(shown, texts):
             marks = (f"{{r{rowspan}}}" if rowspan > 1 else "") + (f"{{c{colspan}}}" if colspan > 1 else "")
-            cells.append(marks + text)
+            cells.append(marks + shown_text)
             attrs = (f' rowspan="{rowspan}"' if rowspan > 1 else "") + (f' colspan="{colspan}"' if colspan > 1 else "")
             tags.append((f"<td{attrs}>" if attrs else "<td>") + text + "</td>")
         lines.append("|".join(cells))
         html.extend(tags + ["</tr>"])
+
+    for r, row in enumerate(grid):
+        texts = [text for text, _, _ in row]
+        wrap = None
+        if r > 0 and plain(row) and rng.random() < 0.35:
+            wrap = _cased(" ".join(_words(rng, rng.randint(1, 2))), rng.random() < 0.3)
+            texts[0] += " " + wrap
+        emit(row, texts)
+        if wrap is not None:
+            lines.append(wrap + "|" * (n_cols - 1))
+        if r == section_after:
+            label = rng.choice(_WORDS[-14:] + _NAMES) if rng.random() < 0.7 else rng.choice(_WORDS[:-14])
+            emit([(label, 1, 1)] + [("", 1, 1)] * (n_cols - 1), [label] + [""] * (n_cols - 1))
     html.append("</table>")
     return Example("table", "\n".join(lines), "".join(html))
 
@@ -171,6 +220,20 @@ def gen_formula(rng: random.Random) -> Example:
 GENERATORS = {"text": gen_text, "table": gen_table, "formula": gen_formula}
 
 
+def blot(rng: random.Random, example: Example) -> Example:
+    """`example` with a few blots in its source: each hides one character; the target is unchanged."""
+    counts, unit, whole = _BLOTS[example.task_type]
+    spans = [m.span() for m in unit.finditer(example.source)]
+    source = list(example.source)
+    for start, end in rng.sample(spans, min(rng.choice(counts), len(spans) // 2)):  # never most of a crop
+        if not whole:
+            length = rng.randint(1, end - start)
+            start = rng.randint(start, end - length)
+            end = start + length
+        source[start:end] = BLOT * (end - start)
+    return Example(example.task_type, "".join(source), example.target)
+
+
 def prompt_for(example: Example) -> str:
     """The text-only prompt: task prompt, newline, the serialized crop."""
     return f"{TASK_PROMPTS[example.task_type]}\n{example.source}"
@@ -192,7 +255,7 @@ def generate(name: str, n: int | None = None) -> list[dict]:
     rows, seen = [], set()
     while len(rows) < n:
         task = tasks[len(rows) % len(tasks)]
-        example = GENERATORS[task](rng)
+        example = blot(rng, GENERATORS[task](rng))
         if _bucket(example) not in buckets or (example.source, example.target) in seen:
             continue
         seen.add((example.source, example.target))

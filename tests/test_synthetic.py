@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from data.synthetic import SPLITS, TASK_PROMPTS, build_split, gen_table, generate
+from data.synthetic import BLOT, GENERATORS, SPLITS, TASK_PROMPTS, Example, blot, build_split, gen_table, generate
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +25,9 @@ def test_split_columns_prompts_and_task_shares():
         head, source = row["prompt"].split("\n", 1)
         assert head == TASK_PROMPTS[row["task_type"]]
         assert source and row["target"]
-        if row["task_type"] != "table":
-            assert source == row["target"]        # text lines and LaTeX are shown as they are written
+        if row["task_type"] != "table":       # text lines and LaTeX are shown as written, blots aside
+            assert len(source) == len(row["target"])
+            assert all(s == t or s == BLOT for s, t in zip(source, row["target"]))
 
 
 def test_splits_are_deterministic_and_disjoint():
@@ -45,21 +46,62 @@ def test_unknown_split_names_the_valid_ones():
         generate("tiny-test")
 
 
-def test_table_serialization_matches_html_structure():
+def _html_rows(html: str) -> list[list[str]]:
+    """Each `<tr>` as its cells, written back in the serialization's form (span marks, then text)."""
+    rows = []
+    for tr in re.findall(r"<tr>(.*?)</tr>", html):
+        cells = re.findall(r"<td([^>]*)>(.*?)</td>", tr)
+        rows.append(["".join(f"{{{k[0]}{v}}}" for k, v in re.findall(r'(rowspan|colspan)="(\d)"', attrs)) + text
+                     for attrs, text in cells])
+    return rows
+
+
+def test_table_lines_are_rows_or_wrapped_labels():
+    """Every serialized line is a row of the HTML, except the second line of a wrapped row label."""
     import random
 
     rng = random.Random(7)
-    for _ in range(200):
+    wrapped = 0
+    for _ in range(300):
         ex = gen_table(rng)
-        rows = ex.source.split("\n")
         assert ex.target.startswith("<table>") and ex.target.endswith("</table>")
-        assert ex.target.count("<tr>") == len(rows)
-        for line, tr in zip(rows, re.findall(r"<tr>(.*?)</tr>", ex.target)):
-            cells = re.findall(r"<td([^>]*)>(.*?)</td>", tr)
-            assert len(cells) == len(line.split("|"))
-            for serialized, (attrs, text) in zip(line.split("|"), cells):
-                marks = "".join(f"{{{k[0]}{v}}}" for k, v in re.findall(r'(rowspan|colspan)="(\d)"', attrs))
-                assert serialized == marks + text
+        rows, lines = _html_rows(ex.target), ex.source.split("\n")
+        i = 0
+        for row in rows:
+            line = lines[i].split("|")
+            assert len(line) == len(row) and line[1:] == row[1:]
+            i += 1
+            if line[0] != row[0]:                 # the label goes on on the next line, other cells empty
+                rest = lines[i].split("|")
+                assert row[0] == f"{line[0]} {rest[0]}" and rest[1:] == [""] * (len(row) - 1)
+                i, wrapped = i + 1, wrapped + 1
+        assert i == len(lines)
+    assert 50 < wrapped < 300                     # wrapping happens, and not in every table
+
+
+@pytest.mark.parametrize("task", list(GENERATORS))
+def test_blots_hide_content_characters_only(task):
+    import random
+
+    rng = random.Random(3)
+    blotted = 0
+    for _ in range(300):
+        clean = GENERATORS[task](rng)
+        ex = blot(rng, clean)
+        assert ex.target == clean.target and len(ex.source) == len(clean.source)
+        hidden = [c for s, c in zip(ex.source, clean.source) if s != c]
+        assert all(s == c or s == BLOT for s, c in zip(ex.source, clean.source))
+        assert all(c.isalnum() or c == "\\" for c in hidden)
+        assert re.findall(r"\{[rc]\d\}", ex.source) == re.findall(r"\{[rc]\d\}", clean.source)
+        assert ex.source.count(BLOT) <= len(clean.source) // 2 + 8   # never most of a crop
+        blotted += BLOT in ex.source
+    assert 150 < blotted < 300                    # most crops carry blots, some none
+
+
+def test_formula_blots_hide_whole_symbols():
+    ex = blot(__import__("random").Random(0), Example("formula", r"\alpha + \frac{x}{12}", r"\alpha + \frac{x}{12}"))
+    kept = ex.source.replace(BLOT, "")
+    assert r"\frac{" in ex.source and "pha" not in kept.replace(r"\alpha", "")
 
 
 def test_tokenizer_round_trips_and_adds_no_bos(tokenizer):
@@ -76,8 +118,10 @@ def test_tokenizer_round_trips_and_adds_no_bos(tokenizer):
 
 
 def test_target_tokens_reappear_in_the_prompt(tokenizer):
-    """Copy-friendly: the target's content tokens are tokens of the serialized crop."""
+    """Copy-friendly: without blots, the target's content tokens are tokens of the serialized crop."""
     for row in generate("tiny-probe"):
+        if BLOT in row["prompt"]:
+            continue
         prompt = set(tokenizer(row["prompt"]).input_ids)
         target = tokenizer(row["target"], add_special_tokens=False).input_ids
         if row["task_type"] != "table":
