@@ -1,7 +1,8 @@
 """PIL renderings of synthetic crops for vision-language policies (PIL's built-in font, nothing downloaded).
 
-Text and formulas are drawn as their lines; a table as a ruled grid of its serialized rows (span marks
-`{rN}`/`{cN}` widen or lengthen the cell).
+Text and formulas are drawn as their lines (a blot as a dark box); a table as a borderless grid of its
+serialized lines (span marks `{rN}`/`{cN}` widen or lengthen the cell), so a wrapped label reads as a line
+of its own, as in the serialization.
 
 Example:
     >>> from data.synthetic import generate
@@ -14,12 +15,27 @@ import re
 
 from PIL import Image, ImageDraw, ImageFont
 
+from data.synthetic import BLOT
+
 _PAD, _LINE_H, _CHAR_W, _CELL_W = 6, 16, 7, 90
 _SPAN = re.compile(r"^((?:\{[rc]\d\})*)(.*)$", re.S)
+_RUNS = re.compile(f"{BLOT}+|[^{BLOT}]+")
 
 
 def _font():
     return ImageFont.load_default()
+
+
+def _draw(draw: ImageDraw.ImageDraw, x: float, y: float, text: str) -> None:
+    """`text` at (x, y), each run of blots as a dark box (the smudge hides what is under it)."""
+    for run in _RUNS.findall(text):
+        if run[0] == BLOT:
+            width = len(run) * _CHAR_W
+            draw.rectangle((x, y, x + width, y + _LINE_H - 4), fill="dimgray")
+        else:
+            draw.text((x, y), run, fill="black", font=_font())
+            width = draw.textlength(run, font=_font())
+        x += width
 
 
 def _render_lines(lines: list[str]) -> Image.Image:
@@ -27,7 +43,7 @@ def _render_lines(lines: list[str]) -> Image.Image:
     image = Image.new("RGB", (max(width, 32), len(lines) * _LINE_H + 2 * _PAD), "white")
     draw = ImageDraw.Draw(image)
     for i, line in enumerate(lines):
-        draw.text((_PAD, _PAD + i * _LINE_H), line, fill="black", font=_font())
+        _draw(draw, _PAD, _PAD + i * _LINE_H, line)
     return image
 
 
@@ -52,9 +68,7 @@ def _render_table(rows: list[str]) -> Image.Image:
                 c += 1
             occupied.update((r + dr, c + dc) for dr in range(rowspan) for dc in range(colspan))
             x0, y0 = _PAD + c * _CELL_W, _PAD + r * 2 * _LINE_H
-            box = (x0, y0, x0 + colspan * _CELL_W, y0 + rowspan * 2 * _LINE_H)
-            draw.rectangle(box, outline="black")
-            draw.text((x0 + 4, y0 + _LINE_H // 2), text, fill="black", font=_font())
+            _draw(draw, x0 + 4, y0 + _LINE_H // 2, text)
             c += colspan
     return image
 

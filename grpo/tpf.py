@@ -20,6 +20,7 @@ from grpo.decoding import stop_token_ids
 from grpo.diffusion_decode import diffusion_generate
 from grpo.prompting import encode_prompt
 from grpo.selfspec import SelfSpecDecoder, ar_generate
+import rewards
 
 MODES = ("selfspec", "diffusion")
 # Output-length bins of the paper's breakdown: (label, lower bound inclusive, upper bound exclusive).
@@ -40,11 +41,14 @@ def summarize(records: list[dict]) -> dict:
     forwards = sum(r["forwards"] for r in records)
     accepted = [a for r in records for a in r["accepted"]]
     compared = [r["ar_equal"] for r in records if r["ar_equal"] is not None]
+    scored = [r for r in records if r.get("reward") is not None]
     return {
         "n": len(records),
         "tpf": tokens / forwards if forwards else None,
         "accepted_per_round": sum(accepted) / len(accepted) if accepted else None,
         "ar_equal_rate": sum(compared) / len(compared) if compared else None,
+        "reward": sum(r["reward"] for r in scored) / len(scored) if scored else None,
+        "exact_rate": sum(r["exact"] for r in scored) / len(scored) if scored else None,
         "tokens": tokens,
         "forwards": forwards,
         "rounds": sum(r["rounds"] for r in records),
@@ -64,20 +68,23 @@ def _grouped(records: list[dict], key: str, order: Iterable[str] = ()) -> dict:
 def measure_tpf(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], bd: BlockDiffusionConfig | None, *,
                 is_vlm: bool = False, bd_size: int | None = None, max_new_tokens: int = 512,
                 compare_ar: bool = False, mode: str = "selfspec", tau: float = 0.9,
-                progress: bool = True) -> dict:
+                score: bool = False, progress: bool = True) -> dict:
     """Decode every row greedily with the drafter (`mode` "selfspec" or "diffusion" with threshold `tau`).
 
     Returns the overall summary (`tpf`, `accepted_per_round`, `ar_equal_rate`, `n`, `tokens`, `forwards`,
     `rounds`, `wall_s`) plus `by_task`, `by_length`, and with `compare_ar` the AR reference's `ar_wall_s`
     and `ar_forwards`. `ar_equal_rate` is None without `compare_ar`; `accepted_per_round` is None in
-    diffusion mode. The model's train/eval mode is restored afterwards.
+    diffusion mode. With `score`, each output is scored against the row's `target` (`rewards.score`, the
+    GRPO reward), adding `reward` (mean) and `exact_rate`; in selfspec mode that is AR greedy's reward.
+    The model's train/eval mode is restored afterwards.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if bd is None:
         raise CheckpointError("measuring TPF needs the drafter: the checkpoint has no block_diffusion.json")
     size = bd_size or bd.bd_size
-    stops = stop_token_ids(model, tokenizer_of(processor))
+    tokenizer = tokenizer_of(processor)
+    stops = stop_token_ids(model, tokenizer)
     selfspec = SelfSpecDecoder(model, bd.mask_id, size, stops, max_new_tokens)
     rows = list(rows)
     records, ar_wall, ar_forwards = [], 0.0, 0
@@ -100,10 +107,15 @@ def measure_tpf(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
                 ar_wall += time.perf_counter() - start
                 ar_forwards += reference.forwards
                 ar_equal = reference.tokens == result.tokens
+            reward = exact = None
+            if score:
+                text = tokenizer.decode(result.tokens, skip_special_tokens=True)
+                reward = rewards.score(text, row["target"], row["task_type"]).value
+                exact = text == row["target"]
             records.append({"index": index, "task_type": row.get("task_type", "unknown"),
                             "length_bin": length_bin(len(result.tokens)), "tokens": len(result.tokens),
                             "forwards": result.forwards, "rounds": result.rounds, "accepted": result.accepted,
-                            "wall_s": wall, "ar_equal": ar_equal})
+                            "wall_s": wall, "ar_equal": ar_equal, "reward": reward, "exact": exact})
     finally:
         model.train(was_training)
     stats = summarize(records)

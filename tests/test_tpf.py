@@ -62,6 +62,28 @@ def test_measure_tpf_selfspec(text_dir, rows):
     json.dumps(stats)  # serialisable as is
 
 
+def test_measure_tpf_scores_outputs_against_targets(text_dir, rows):
+    """With score, each output gets the GRPO reward against its target; a target equal to the output scores 1."""
+    import rewards
+    from grpo.decoding import stop_token_ids
+    from grpo.prompting import encode_prompt
+    from grpo.selfspec import ar_generate
+
+    ckpt = load_checkpoint(text_dir, need_drafter=True)
+    stops = stop_token_ids(ckpt.model, ckpt.processor)
+    outputs = [ckpt.processor.decode(ar_generate(ckpt.model, encode_prompt(ckpt.processor, row, False), stops, 40).tokens,
+                                     skip_special_tokens=True) for row in rows]
+    scored = [dict(row, target=out if i % 2 else "a different target") for i, (row, out) in enumerate(zip(rows, outputs))]
+    stats = measure_tpf(ckpt.model, ckpt.processor, scored, ckpt.bd, max_new_tokens=40, score=True, progress=False)
+    expected = [1.0 if i % 2 else rewards.score(out, "a different target", row["task_type"]).value
+                for i, (row, out) in enumerate(zip(rows, outputs))]
+    assert stats["reward"] == pytest.approx(sum(expected) / len(expected))
+    assert stats["exact_rate"] == pytest.approx(4 / 9)
+    text = [e for e, row in zip(expected, rows) if row["task_type"] == "text"]
+    assert stats["by_task"]["text"]["reward"] == pytest.approx(sum(text) / len(text))
+    assert measure_tpf(ckpt.model, ckpt.processor, rows[:1], ckpt.bd, max_new_tokens=8, progress=False)["reward"] is None
+
+
 def test_measure_tpf_diffusion_and_bd_size_override(text_dir, rows):
     ckpt = load_checkpoint(text_dir, need_drafter=True)
     stats = measure_tpf(ckpt.model, ckpt.processor, rows[:3], ckpt.bd, bd_size=2, max_new_tokens=21,

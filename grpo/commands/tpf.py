@@ -18,6 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bd-size", type=int, default=None, help="draft block size B (default: the checkpoint's)")
     parser.add_argument("--max-new-tokens", type=int, default=512, help="output cap per prompt")
     parser.add_argument("--compare-ar", action="store_true", help="also decode AR greedy; report the equal share")
+    parser.add_argument("--score", action="store_true", help="also score each output against the row's target "
+                                                             "(the GRPO reward; selfspec output = AR greedy)")
     parser.add_argument("--mode", choices=("selfspec", "diffusion"), default="selfspec", help="decoder")
     parser.add_argument("--tau", type=float, default=0.9, help="confidence threshold of --mode diffusion")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="model dtype")
@@ -29,7 +31,7 @@ def _table(stats: dict):
     from rich.table import Table
 
     table = Table(title=f"TPF ({stats['mode']}, B={stats['bd_size']}, n={stats['n']})")
-    for column in ("group", "n", "TPF", "accepted/round", "AR-equal", "tokens", "forwards"):
+    for column in ("group", "n", "TPF", "accepted/round", "AR-equal", "reward", "exact", "tokens", "forwards"):
         table.add_column(column, justify="left" if column == "group" else "right")
 
     def fmt(value, spec=".2f"):
@@ -37,7 +39,8 @@ def _table(stats: dict):
 
     def add(name: str, s: dict) -> None:
         table.add_row(name, str(s["n"]), fmt(s["tpf"]), fmt(s["accepted_per_round"]),
-                      fmt(s["ar_equal_rate"], ".1%"), str(s["tokens"]), str(s["forwards"]))
+                      fmt(s["ar_equal_rate"], ".1%"), fmt(s["reward"], ".3f"), fmt(s["exact_rate"], ".0%"),
+                      str(s["tokens"]), str(s["forwards"]))
 
     add("all", stats)
     for task, s in stats["by_task"].items():
@@ -70,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         pool = pool.select(range(min(args.limit, len(pool))))
     stats = measure_tpf(ckpt.model, ckpt.processor, pool, ckpt.bd, is_vlm=ckpt.is_vlm, bd_size=args.bd_size,
                         max_new_tokens=args.max_new_tokens, compare_ar=args.compare_ar, mode=args.mode,
-                        tau=args.tau)
+                        tau=args.tau, score=args.score)
     stats.update(model=str(ckpt.path), data=args.data)
     console.print(_table(stats))
     if args.compare_ar and stats["wall_s"]:
