@@ -6,9 +6,9 @@ newline (text lines as lines; a table as rows of `|`-separated cells in reading 
 span marks; a formula as its LaTeX source). Vision-language sets get a PIL rendering (`data.render`).
 
 Most crops carry a few blots: `BLOT` characters that hide letters or digits of the content, one per hidden
-character, while the target keeps the true ones (a smudged scan). A blot inside a lexicon word can often be
-read from the rest of the word; a blotted digit or formula symbol cannot. So no policy scores 1 on every
-crop, a sampled group differs where blots are, and the AR path still mostly copies (which keeps TPF high).
+character, while the target keeps the true ones (a smudged scan). A hidden word, digit or formula symbol
+cannot be read, so no policy scores 1 on every crop and a sampled group differs where the blots are; a part
+of a table word often can be read from the rest of it. Tables are borderless (see `gen_table`).
 
 The splits never share an example: every candidate is assigned to one split by a hash of its content,
 and each split keeps only the candidates of its own bucket.
@@ -60,11 +60,13 @@ _LATEX_FUNCS = [r"\sin", r"\cos", r"\log", r"\exp", r"\ln"]
 
 
 BLOT = "░"
-# task -> (blot count per crop, drawn uniformly; what a blot may hide; whole unit or a part of it)
+# task -> (blot count per crop, drawn uniformly; what a blot may hide; whole unit or a part of it). Each blot
+# is a point where drafter and verifier may guess differently, so blots cost TPF: text blots hide whole words
+# (what costs the most reward per guess) and tables carry few, as their reward hardly sees cell text.
 _BLOTS = {
-    "text": ((0, 1, 2, 3, 3, 4), re.compile(r"[A-Za-z0-9]+"), False),
+    "text": ((0, 1, 1, 2), re.compile(r"[A-Za-z0-9]+"), True),
     # cell content only: never the letters and digits of the `{rN}`/`{cN}` span marks
-    "table": ((0, 1, 2, 2, 3, 3), re.compile(r"(?<![{A-Za-z0-9])[A-Za-z0-9]+"), False),
+    "table": ((0, 1, 1, 2), re.compile(r"(?<![{A-Za-z0-9])[A-Za-z0-9]+"), False),
     # a whole symbol: a Greek letter, a lone Latin letter (not part of a command or environment name), a number
     "formula": ((0, 1, 1, 2, 2, 3), re.compile(
         "|".join(re.escape(v) + "(?![A-Za-z])" for v in _LATEX_VARS if v.startswith("\\"))
