@@ -15,12 +15,12 @@ from typing import Any, Iterable, Mapping
 
 from tqdm.auto import tqdm
 
+import rewards
 from grpo.checkpoint import BlockDiffusionConfig, CheckpointError, tokenizer_of
 from grpo.decoding import stop_token_ids
 from grpo.diffusion_decode import diffusion_generate
 from grpo.prompting import encode_prompt
 from grpo.selfspec import SelfSpecDecoder, ar_generate
-import rewards
 
 MODES = ("selfspec", "diffusion")
 # Output-length bins of the paper's breakdown: (label, lower bound inclusive, upper bound exclusive).
