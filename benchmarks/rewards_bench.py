@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rewards import OcrReward, teds
-from rewards.batch import default_workers
+from rewards.trl_reward import default_workers
 from rewards.table import parse_table
 from rewards.teds import parse_tree
 from rewards.teds_apted import teds_apted

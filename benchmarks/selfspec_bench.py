@@ -35,9 +35,9 @@ def main() -> None:
 
     from data.pool import load_pool
     from grpo.checkpoint import load_checkpoint, tokenizer_of
-    from grpo.decoding import stop_token_ids
+    from grpo.decoding.kv_session import stop_token_ids
     from grpo.prompting import encode_prompt
-    from grpo.selfspec import SelfSpecDecoder, ar_generate
+    from grpo.decoding.selfspec import SelfSpecDecoder, ar_generate
 
     ckpt = load_checkpoint(args.model, need_drafter=True, dtype=getattr(torch, args.dtype))
     model = ckpt.model.to(args.device)

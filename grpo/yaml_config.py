@@ -1,6 +1,6 @@
 """Reading a YAML recipe into the fields of a config dataclass: the one YAML reader of the package.
 
-Used by the GRPO config (`grpo.config`) and the joint-training config (`grpo.joint`).
+Used by the GRPO config (`grpo.training.config`) and the joint-training config (`grpo.joint.train`).
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 reward function over a batch; `teds` is PubTabNet's TEDS. Importing this package loads no torch, vLLM or
 numba (numba compiles the tree-edit kernel on the first table).
 """
-from rewards.batch import OcrReward, ocr_reward, score_many
+from rewards.trl_reward import OcrReward, ocr_reward, score_many
 from rewards.result import RewardResult
 from rewards.scoring import TASKS, score
 from rewards.teds import teds

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from grpo.engine import is_vlm_checkpoint, make_llm, sync_weights
+from grpo.vllm_engine import is_vlm_checkpoint, make_llm, sync_weights
 from rewards import teds
 
 pytestmark = pytest.mark.slow

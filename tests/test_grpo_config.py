@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo.config import ConfigError, GravityGRPOConfig, load_config, read_yaml
+from grpo.training.config import ConfigError, GravityGRPOConfig, load_config, read_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "configs" / "gravityocr_grpo.yaml"

@@ -23,9 +23,9 @@ def test_lora_grpo_engine_and_probe_use_the_adapted_weights(tmp_path):
 
     from grpo.checkpoint import load_checkpoint
     from grpo.commands.tpf_drift import load_policy
-    from grpo.config import load_config
-    from grpo.tpf import measure_tpf
-    from grpo.trainer import run_training
+    from grpo.training.config import load_config
+    from grpo.decoding.tpf import measure_tpf
+    from grpo.training.trainer import run_training
 
     ckpt_dir = build_text_checkpoint(tmp_path / "ckpt", hidden=128)
     pool = tmp_path / "pool.jsonl"

@@ -8,8 +8,8 @@ import logging
 import pytest
 from transformers import TrainerControl
 
-from grpo.config import load_config
-from grpo.tpf_probe import DRIFT_JSONL, DRIFT_PNG, TpfProbeCallback, drift_records, probe_metrics, write_drift
+from grpo.training.config import load_config
+from grpo.training.tpf_probe import DRIFT_JSONL, DRIFT_PNG, TpfProbeCallback, drift_records, probe_metrics, write_drift
 
 STATS = {"tpf": 3.2, "accepted_per_round": 4.5, "ar_equal_rate": 1.0, "n": 6,
          "by_task": {"text": {"tpf": 2.5}, "table": {"tpf": 4.0}, "formula": {"tpf": 3.0}}}

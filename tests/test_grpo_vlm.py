@@ -62,9 +62,9 @@ def vlm(tmp_path_factory):
 def test_vlm_grpo_with_hf_generation_and_image_probe(vlm):
     from data.pool import as_prompts, load_pool
     from grpo.checkpoint import load_checkpoint
-    from grpo.config import load_config
-    from grpo.tpf_probe import TpfProbeCallback
-    from grpo.trainer import GravityGRPOTrainer
+    from grpo.training.config import load_config
+    from grpo.training.tpf_probe import TpfProbeCallback
+    from grpo.training.trainer import GravityGRPOTrainer
     from rewards import ocr_reward
 
     ckpt_dir, pool_path, root = vlm
@@ -99,8 +99,8 @@ def test_vlm_grpo_with_hf_generation_and_image_probe(vlm):
 
 
 def test_cpu_refuses_vllm_for_glm_ocr_with_the_reason(vlm, tmp_path):
-    from grpo.config import ConfigError, load_config
-    from grpo.trainer import build_trainer
+    from grpo.training.config import ConfigError, load_config
+    from grpo.training.trainer import build_trainer
 
     ckpt_dir, pool_path, _ = vlm
     config = load_config(None, dict(model=str(ckpt_dir), pool=str(pool_path), probe_set=str(pool_path),

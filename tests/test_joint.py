@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo.joint import (IGNORE, JointConfig, build_example, build_tiny_model, collate, combine,
-                        complementary_masks, joint_layout, joint_losses, load_config)
+from grpo.joint.streams import (IGNORE, build_example, collate, combine, complementary_masks, joint_layout,
+                                joint_losses)
+from grpo.joint.train import JointConfig, build_tiny_model, load_config
 
 MASK, EOS, PAD = 2, 0, 1
 
@@ -140,7 +141,7 @@ def _tiny(tokenizer, seed=0):
 
 def test_training_logits_match_inference_streams(tokenizer):
     """Clean stream == plain causal forward; a fully masked block == the draft window `[x0, M×B]`."""
-    from grpo.decoding import Session
+    from grpo.decoding.kv_session import Session
 
     model = _tiny(tokenizer).eval()
     mask_id = tokenizer.convert_tokens_to_ids("<|mask|>")
@@ -193,8 +194,8 @@ def test_a_few_steps_reduce_both_losses(tokenizer):
 @pytest.mark.slow
 def test_joint_training_aligns_drafter_with_decoding(tokenizer):
     """Overfit two examples jointly, then self-speculative decoding must accept most of each draft."""
-    from grpo.decoding import stop_token_ids
-    from grpo.selfspec import SelfSpecDecoder, ar_generate
+    from grpo.decoding.kv_session import stop_token_ids
+    from grpo.decoding.selfspec import SelfSpecDecoder, ar_generate
 
     B = 4
     model = _tiny(tokenizer, seed=2)
@@ -229,7 +230,7 @@ def test_saved_checkpoint_reloads_with_the_same_tokenization(tokenizer, tmp_path
 
     from data.synthetic import generate
     from grpo.checkpoint import load_checkpoint
-    from grpo.joint import save
+    from grpo.joint.train import save
 
     model = _tiny(tokenizer).eval()
     save(model, tokenizer, tmp_path, JointConfig(bd_size=4))

@@ -8,8 +8,10 @@ import time
 
 import pytest
 
-from grpo.mining import (INDEX, PREFER, STAT_COLUMNS, MineConfig, MiningError, RankRule, RunDir, Rollout,
-                         is_dropped, merge, mine, parse_shard, prompt_stats, select)
+from grpo.mining.miner import MineConfig, merge, mine, parse_shard
+from grpo.mining.sampling import Rollout
+from grpo.mining.selection import INDEX, PREFER, STAT_COLUMNS, RankRule, is_dropped, prompt_stats, select
+from grpo.mining.store import MiningError, MiningStore
 
 ORIGINAL = ["prompt", "target", "task_type"]
 
@@ -69,7 +71,7 @@ def test_bad_settings_are_refused(tmp_path):
 
 
 def test_a_prompt_in_two_part_files_is_an_error(tmp_path):
-    run = RunDir(tmp_path)
+    run = MiningStore(tmp_path)
     run.parts.mkdir(parents=True)
     run.write_part([_rec(0, 0.5, 10), _rec(1, 0.5, 10)])
     run.write_part([_rec(1, 0.5, 10)])
@@ -88,7 +90,7 @@ def ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def llm(ckpt):
-    from grpo.engine import make_llm
+    from grpo.vllm_engine import make_llm
 
     return make_llm(ckpt, max_model_len=512, dtype="float32")  # as the HF fallback decodes
 
@@ -108,7 +110,7 @@ def _cfg(ckpt, data, out, **kw):
 
 def _records(out):
     return {i: {k: r[k] for k in ("rewards", "completion_tokens_mean", "truncated")}
-            for i, r in RunDir(out).read_parts().items()}
+            for i, r in MiningStore(out).read_parts().items()}
 
 
 @pytest.mark.slow
@@ -192,13 +194,13 @@ def test_kill_and_resume_loses_and_repeats_nothing(tmp_path, ckpt, llm):
         time.sleep(0.005)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    mined_before = len(RunDir(killed).read_parts())
-    assert not RunDir(killed).done.exists() and 0 < mined_before < 24, "the kill must land mid-run"
+    mined_before = len(MiningStore(killed).read_parts())
+    assert not MiningStore(killed).done.exists() and 0 < mined_before < 24, "the kill must land mid-run"
 
     mine(_cfg(ckpt, data, killed, **kw), llm)  # the rerun, same arguments
     mine(_cfg(ckpt, data, tmp_path / "straight", **kw), llm)
     assert _records(killed) == _records(tmp_path / "straight")
     assert sorted(_records(killed)) == list(range(24))
     assert load_from_disk(str(killed))[INDEX] == load_from_disk(str(tmp_path / "straight"))[INDEX]
-    done = json.loads(RunDir(killed).done.read_text())
+    done = json.loads(MiningStore(killed).done.read_text())
     assert done["summary"]["counts"]["all"]["mined"] == 24

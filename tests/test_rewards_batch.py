@@ -6,7 +6,7 @@ import pickle
 import pytest
 
 from rewards import OcrReward, ocr_reward, score, score_many
-from rewards.batch import MIN_PARALLEL, TIMEOUT_SCORE, completion_text
+from rewards.trl_reward import MIN_PARALLEL, TIMEOUT_SCORE, completion_text
 
 TABLE = "<table><tr><td>a</td><td>b</td></tr><tr><td>1</td><td>2</td></tr></table>"
 FORMULA = r"\frac{a}{b} + c"

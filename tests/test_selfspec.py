@@ -7,10 +7,10 @@ import torch
 from PIL import Image
 
 from grpo.checkpoint import load_checkpoint
-from grpo.decoding import Session, stop_token_ids
-from grpo.diffusion_decode import diffusion_generate
+from grpo.decoding.kv_session import Session, stop_token_ids
+from grpo.decoding.diffusion import diffusion_generate
 from grpo.prompting import encode_prompt
-from grpo.selfspec import SelfSpecDecoder, ar_generate
+from grpo.decoding.selfspec import SelfSpecDecoder, ar_generate
 from helpers_models import build_glm_processor, build_glmocr_checkpoint, build_text_checkpoint
 
 # transformers' Glm46VProcessor calls np.array on a tensor row; numpy 2 warns about the copy keyword
@@ -191,6 +191,8 @@ def test_eos_inside_a_round_truncates_there(text_arch):
     decoder, result, _ = _scripted(text_arch, bd_size, good=bd_size, max_new=100, stops={reference[t]})
     assert result.tokens == reference[: t + 1]
     assert result.rounds == 2 and result.forwards == 4
+    # round 2 verifies all 8 drafts, but commits only those up to the EOS (d_j at output index 11 + j)
+    assert result.accepted == [bd_size, t - (1 + bd_size + 2)]
 
 
 def test_eos_as_a0_skips_the_verify_forward(text_arch):
@@ -205,6 +207,9 @@ def test_eos_as_a0_skips_the_verify_forward(text_arch):
 def test_max_new_tokens_truncates_mid_round(text_arch):
     decoder, result, reference = _scripted(text_arch, 8, good=8, max_new=14)
     assert result.tokens == reference[:14] and result.rounds == 2
+    # round 1 commits x0's successor a0, 8 drafts and a bonus (11 tokens with x0); round 2 has room for 3:
+    # a0, d1, d2, so 2 of its 8 agreeing drafts are committed
+    assert result.accepted == [8, 2]
 
 
 def test_diffusion_with_block_size_1_is_ar_greedy(arch):

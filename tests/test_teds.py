@@ -11,7 +11,7 @@ from rapidfuzz.distance import Levenshtein
 from helpers_anchors import needs_anchors, omnidoc_elements, pubtabnet_pairs
 from rewards import teds
 from rewards.normalize import normalize_table_html
-from rewards.ted import MAX_NODES, TreeTooLarge
+from rewards.zhang_shasha import MAX_NODES, TreeTooLarge
 from rewards.teds_apted import teds_apted
 
 # anchors README: TEDS printed in PubTabNet's demo.ipynb, TEDS-struct computed with upstream metric.py

@@ -9,7 +9,7 @@ from PIL import Image
 
 from grpo.checkpoint import BD_FILE, CheckpointError, load_checkpoint
 from grpo.cli import main
-from grpo.tpf import length_bin, measure_tpf, summarize
+from grpo.decoding.tpf import length_bin, measure_tpf, summarize
 from helpers_models import build_glm_processor, build_glmocr_checkpoint, build_text_checkpoint
 
 # transformers' Glm46VProcessor calls np.array on a tensor row; numpy 2 warns about the copy keyword
@@ -37,11 +37,12 @@ def test_length_bins(n, label):
 
 
 def test_summary_is_a_ratio_of_sums():
-    records = [dict(tokens=10, forwards=2, rounds=1, accepted=[8], wall_s=1.0, ar_equal=True),
-               dict(tokens=3, forwards=3, rounds=2, accepted=[0, 1], wall_s=0.5, ar_equal=False)]
+    records = [dict(tokens=10, forwards=2, rounds=1, accepted=[8], wall_s=1.0, ar_equal=True, truncated=True),
+               dict(tokens=3, forwards=3, rounds=2, accepted=[0, 1], wall_s=0.5, ar_equal=False, truncated=False)]
     s = summarize(records)
     assert s["tpf"] == pytest.approx(13 / 5) and s["accepted_per_round"] == pytest.approx(3)
     assert s["ar_equal_rate"] == 0.5 and (s["n"], s["tokens"], s["forwards"], s["rounds"]) == (2, 13, 5, 3)
+    assert s["truncated"] == 1
     assert summarize([])["tpf"] is None
 
 
@@ -58,16 +59,41 @@ def test_measure_tpf_selfspec(text_dir, rows):
     assert sum(s["tokens"] for s in stats["by_task"].values()) == stats["tokens"]
     assert sum(s["forwards"] for s in stats["by_length"].values()) == stats["forwards"]
     assert list(stats["by_length"]) == ["<128"]
-    assert 0 <= stats["accepted_per_round"] <= 4 and stats["ar_forwards"] > 0
+    assert 0 <= stats["accepted_per_round"] <= 4
     json.dumps(stats)  # serialisable as is
+
+
+def test_rows_are_the_per_prompt_records(text_dir, rows):
+    """`rows` re-derive every figure: the prompt ids are the tokenizer's, the output is AR greedy's, the
+    forwards are 2 per verified round and 1 per round whose a0 ends the output; the tokens are x0, then a0 +
+    the committed drafts + the verifier's token per verified round (the last one's cut at EOS or the cap)."""
+    from grpo.decoding.kv_session import stop_token_ids
+    from grpo.decoding.selfspec import ar_generate
+    from grpo.prompting import encode_prompt
+
+    ckpt = load_checkpoint(text_dir, need_drafter=True)
+    stats = measure_tpf(ckpt.model, ckpt.processor, rows, ckpt.bd, max_new_tokens=40, progress=False)
+    stops = stop_token_ids(ckpt.model, ckpt.processor)
+    assert [r["index"] for r in stats["rows"]] == list(range(9))
+    for row, rec in zip(rows, stats["rows"]):
+        inputs = encode_prompt(ckpt.processor, row, False)
+        assert rec["task"] == row["task_type"] and rec["prompt_ids"] == inputs["input_ids"][0].tolist()
+        assert rec["output_ids"] == ar_generate(ckpt.model, inputs, stops, 40).tokens
+        assert rec["tokens"] == len(rec["output_ids"]) and rec["truncated"] == (rec["output_ids"][-1] not in stops)
+        verified = len(rec["accepted"])
+        assert rec["forwards"] == 2 * verified + (rec["rounds"] - verified)
+        assert all(0 <= a <= 4 for a in rec["accepted"])
+        most = 1 + sum(rec["accepted"]) + 2 * verified + (rec["rounds"] - verified)
+        assert most - 1 <= rec["tokens"] <= most
+    assert stats["tokens"] == sum(r["tokens"] for r in stats["rows"])
 
 
 def test_measure_tpf_scores_outputs_against_targets(text_dir, rows):
     """With score, each output gets the GRPO reward against its target; a target equal to the output scores 1."""
     import rewards
-    from grpo.decoding import stop_token_ids
+    from grpo.decoding.kv_session import stop_token_ids
     from grpo.prompting import encode_prompt
-    from grpo.selfspec import ar_generate
+    from grpo.decoding.selfspec import ar_generate
 
     ckpt = load_checkpoint(text_dir, need_drafter=True)
     stops = stop_token_ids(ckpt.model, ckpt.processor)
@@ -124,7 +150,10 @@ def test_cli_writes_json(text_dir, rows, tmp_path, capsys):
                  "--max-new-tokens", "24", "--out", str(out)])
     assert code == 0
     stats = json.loads(out.read_text())
-    assert {"tpf", "accepted_per_round", "ar_equal_rate", "by_task", "by_length", "n"} <= set(stats)
+    assert {"tpf", "accepted_per_round", "ar_equal_rate", "by_task", "by_length", "n", "rows"} <= set(stats)
+    assert [r["index"] for r in stats["rows"]] == [0, 1, 2, 3]
+    assert set(stats["rows"][0]) >= {"index", "task", "prompt_ids", "output_ids", "tokens", "forwards", "rounds",
+                                     "accepted", "ar_equal", "reward", "exact"}
     assert stats["n"] == 4 and stats["ar_equal_rate"] == 1.0
     assert "TPF (selfspec, B=4, n=4)" in capsys.readouterr().out
 

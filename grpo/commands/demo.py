@@ -21,8 +21,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from grpo.commands.train import print_summary
-    from grpo.config import load_config
-    from grpo.trainer import RUN_CONFIG, run_training
+    from grpo.training.config import load_config
+    from grpo.training.trainer import RUN_CONFIG, run_training
 
     console = Console()
     config = load_config(args.config, {"output_dir": str(args.output_dir), "max_steps": args.max_steps})

@@ -23,7 +23,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from rich.console import Console
 
-    from grpo.joint import JointConfig, load_config, train_joint
+    from grpo.joint.train import JointConfig, load_config, train_joint
 
     overrides = {name: getattr(args, name, None) for name in JointConfig.__dataclass_fields__}
     cfg = load_config(args.config, **overrides)

@@ -7,7 +7,7 @@ HELP = "sample k rollouts per prompt, drop zero-variance prompts, rank toward ha
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from grpo.mining import PREFER  # light: the ranking presets only
+    from grpo.mining.selection import PREFER  # light: the ranking presets only
 
     parser.add_argument("--model", default="tiny", help="checkpoint folder, or 'tiny' (default)")
     parser.add_argument("--data", required=True, help="prompt pool: save_to_disk folder, .parquet, .jsonl or a "
@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-std", type=float, default=0.0,
                         help="drop prompts whose reward std is <= this (equal rewards are always dropped)")
     parser.add_argument("--prefer", default="long-tables", choices=list(PREFER),
-                        help="ranking preset (default long-tables); the rule is in grpo/mining.py")
+                        help="ranking preset (default long-tables); the rule is in grpo/mining/selection.py")
     parser.add_argument("--hard-weight", type=float, default=None, help="override the preset's weight of 1 - mean")
     parser.add_argument("--length-weight", type=float, default=None,
                         help="override the preset's weight of min(ref_chars / length_scale, 1)")
@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _rank_rule(args: argparse.Namespace):
     import dataclasses
 
-    from grpo.mining import PREFER
+    from grpo.mining.selection import PREFER
 
     overrides = {name: getattr(args, name) for name in ("hard_weight", "length_weight", "length_scale",
                                                         "table_bonus") if getattr(args, name) is not None}
@@ -69,7 +69,7 @@ def print_summary(console, summary: dict, out: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from grpo.mining import MineConfig, mine, parse_shard
+    from grpo.mining.miner import MineConfig, mine, parse_shard
 
     try:
         cfg = MineConfig(model=args.model, data=args.data, out=args.out, k=args.k, temperature=args.temperature,
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise SystemExit(str(err)) from None
     from data.pool import PoolError
-    from grpo.mining import MiningError
+    from grpo.mining.store import MiningError
 
     try:
         summary = mine(cfg)

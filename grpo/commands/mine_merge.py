@@ -15,7 +15,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from grpo.commands.mine import print_summary
-    from grpo.mining import MiningError, merge
+    from grpo.mining.miner import merge
+    from grpo.mining.store import MiningError
 
     try:
         summary = merge(args.shards, args.out)

@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from data.pool import PoolError, load_pool
-    from grpo.mining_report import PERCENTILES, describe_pool, histogram_png
+    from grpo.mining.report import PERCENTILES, describe_pool, histogram_png
 
     console = Console()
     try:

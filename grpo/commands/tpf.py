@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
     from data.pool import PoolError, load_pool
     from grpo.checkpoint import CheckpointError, load_checkpoint
-    from grpo.tpf import measure_tpf
+    from grpo.decoding.tpf import measure_tpf
 
     console = Console()
     if args.limit is not None and args.limit < 1:
@@ -76,9 +76,8 @@ def run(args: argparse.Namespace) -> int:
                         tau=args.tau, score=args.score)
     stats.update(model=str(ckpt.path), data=args.data)
     console.print(_table(stats))
-    if args.compare_ar and stats["wall_s"]:
-        console.print(f"wall time: {stats['wall_s']:.1f} s vs AR greedy {stats['ar_wall_s']:.1f} s "
-                      f"({stats['ar_wall_s'] / stats['wall_s']:.2f}x)")
+    if stats["truncated"]:
+        console.print(f"{stats['truncated']} output(s) reached --max-new-tokens {args.max_new_tokens}")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(stats, indent=2) + "\n")

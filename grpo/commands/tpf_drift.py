@@ -47,10 +47,10 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from data.pool import load_pool
-    from grpo.drift_plot import plot_drift
-    from grpo.tpf import measure_tpf
-    from grpo.tpf_probe import drift_records, probe_metrics, reward_points
-    from grpo.trainer import METRICS_JSONL, RUN_CONFIG
+    from grpo.training.plots import plot_drift
+    from grpo.decoding.tpf import measure_tpf
+    from grpo.training.tpf_probe import drift_records, probe_metrics, reward_points
+    from grpo.training.trainer import METRICS_JSONL, RUN_CONFIG
 
     console = Console()
     run_dir = args.run_dir

@@ -19,7 +19,7 @@ FLAGS = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="YAML of config keys: TRL GRPOConfig fields plus ours (grpo/config.py)")
+    parser.add_argument("--config", help="YAML of config keys: TRL GRPOConfig fields plus ours (grpo/training/config.py)")
     for flag, (key, kind, text) in FLAGS.items():
         parser.add_argument(flag, dest=key, type=kind, help=f"{text} (config key {key})")
     parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
@@ -47,7 +47,7 @@ def print_summary(summary: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from grpo.trainer import PHASES
+    from grpo.training.trainer import PHASES
 
     console = Console()
     rewards = [value for _, value in summary["rewards"]]
@@ -73,8 +73,8 @@ def print_summary(summary: dict) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from grpo.config import load_config
-    from grpo.trainer import run_training
+    from grpo.training.config import load_config
+    from grpo.training.trainer import run_training
 
     config = load_config(args.config, overrides(args))
     summary = run_training(config, resume=args.resume)

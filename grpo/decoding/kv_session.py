@@ -23,7 +23,7 @@ class DecodeResult:
     tokens: list[int]                                  # committed output ids, stop token included
     forwards: int = 0                                  # draft + verify (or AR steps, or denoise + cache-write)
     rounds: int = 0                                    # self-spec rounds / diffusion blocks / AR steps
-    accepted: list[int] = field(default_factory=list)  # accepted drafts per verified self-spec round
+    accepted: list[int] = field(default_factory=list)  # drafts committed per verified self-spec round
 
 
 @functools.lru_cache(maxsize=32)

@@ -1,6 +1,6 @@
 """Self-speculative decoding (SPEC §5, paper B.2) and its reference, plain AR greedy decoding.
 
-Both run one prompt at a time with a KV cache (`grpo.decoding.Session`) and greedy top-1, so under exact
+Both run one prompt at a time with a KV cache (`grpo.decoding.kv_session.Session`) and greedy top-1, so under exact
 arithmetic they produce the same tokens.
 
 Example:
@@ -14,7 +14,7 @@ from typing import Any, Iterable
 
 import torch
 
-from grpo.decoding import DecodeResult, Session, truncate
+from grpo.decoding.kv_session import DecodeResult, Session, truncate
 
 
 @torch.inference_mode()
@@ -34,7 +34,8 @@ class SelfSpecDecoder:
 
     `draft` is the one seam tests replace (a test double for the draft logits); everything else is the
     real round of SPEC §5. When `a0` already ends the output (a stop token, or the last token allowed) the
-    round skips its verify forward: one forward, no accepted count.
+    round skips its verify forward: one forward, no accepted count. A verified round counts the drafts it
+    commits: accepted drafts cut off by EOS or `max_new_tokens` are not committed, so they do not count.
     """
 
     def __init__(self, model: Any, mask_id: int, bd_size: int, stop_ids: Iterable[int],
@@ -70,14 +71,16 @@ class SelfSpecDecoder:
             drafts = self.draft(logits[1:])                 # mask j's logits -> d_j
             session.crop_to(self.prompt_len + len(self.tokens))   # keep x0's causal state only
             committed = [a0]
-            if a0 not in self.stop_ids and len(self.tokens) + 1 < self.max_new_tokens:
+            verified_round = a0 not in self.stop_ids and len(self.tokens) + 1 < self.max_new_tokens
+            if verified_round:
                 verified = session.forward([a0] + drafts).argmax(-1).tolist()   # a1..a(B+1)
                 accepted = 0
                 while accepted < B and drafts[accepted] == verified[accepted]:
                     accepted += 1
                 committed += drafts[:accepted] + [verified[accepted]]
-                result.accepted.append(accepted)
             committed, finished = truncate(committed, self.stop_ids, self.max_new_tokens - len(self.tokens))
+            if verified_round:  # drafts committed: those left after the cut at EOS or max_new_tokens
+                result.accepted.append(min(accepted, len(committed) - 1))
             self.tokens += committed
             session.crop_to(self.prompt_len + len(self.tokens) - 1)   # causal states of x0, a0, d1..dA
             result.rounds += 1

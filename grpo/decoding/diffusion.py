@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 import torch
 
-from grpo.decoding import DecodeResult, Session, truncate
+from grpo.decoding.kv_session import DecodeResult, Session, truncate
 
 
 @torch.inference_mode()

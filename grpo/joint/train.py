@@ -1,16 +1,7 @@
 """Joint AR / block-diffusion training (SPEC §6, paper 3.1 and appendix A): how joint checkpoints are made.
 
-One forward per example over `[prompt | clean response | corrupted stream 1 | corrupted stream 2]`:
-- the response is the target followed by exactly B EOS tokens (B = `bd_size`);
-- the clean stream is causal and gives the AR next-token loss (targets: the response up to its first EOS);
-- for every block of B response tokens a noise level t ~ U(0,1) is drawn, stream 1 masks each token with
-  probability t and stream 2 masks exactly the other tokens of the block;
-- a corrupted token of block b sees the prompt, the clean blocks before b and its own stream's block b
-  (bidirectionally), never the clean block b or later, never the other stream;
-- every stream is shifted: the logits at response index k-1 predict token k, so the last position of block b
-  predicts the first token of block b+1 (the draft's last token d_B at inference) and token 0 is read from the
-  last prompt token; the diffusion loss counts a token in the one stream where it is masked (all B EOS included).
-Loss = (L_diff + w * L_AR) / (1 + w).
+The streams, their attention and labels are `grpo.joint.streams`; this module holds the config, the tiny
+model, the optimizer loop and saving.
 
 An optional AR-only warm-up stage trains the clean stream alone (one stream, about 3x cheaper per example),
 which lets a model trained from scratch learn to copy before the drafter objective is added.
@@ -29,11 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+
+from grpo.joint.streams import build_example, collate, combine, joint_losses
 
 logger = logging.getLogger(__name__)
-
-IGNORE = -100
 
 
 @dataclass
@@ -93,116 +83,6 @@ def load_config(path: str | Path | None = None, **overrides) -> JointConfig:
     values = read_yaml(path, known) if path is not None else {}
     values.update({k: v for k, v in overrides.items() if v is not None})
     return JointConfig(**values)
-
-
-# ----------------------------------------------------------------------------------------------- batches
-
-
-def _response(target_ids: list[int], eos_id: int, bd_size: int) -> list[int]:
-    return list(target_ids) + [eos_id] * bd_size
-
-
-def complementary_masks(n: int, bd_size: int, gen: torch.Generator) -> torch.Tensor:
-    """(n,) bool: stream 1's mask; stream 2 masks the complement. One t ~ U(0,1) per block of `bd_size`."""
-    n_blocks = -(-n // bd_size)
-    t = torch.rand(n_blocks, generator=gen).repeat_interleave(bd_size)[:n]
-    return torch.rand(n, generator=gen) < t
-
-
-def joint_layout(prompt_len: int, resp_len: int, bd_size: int) -> torch.Tensor:
-    """(T, T) bool "row may attend to column" for `[prompt | clean | corrupted 1 | corrupted 2]`, T = P + 3R."""
-    P, R = prompt_len, resp_len
-    T = P + 3 * R
-    allow = torch.zeros(T, T, dtype=torch.bool)
-    allow[: P + R, : P + R] = torch.tril(torch.ones(P + R, P + R, dtype=torch.bool))  # prompt + clean: causal
-    for offset in (P + R, P + 2 * R):
-        for start in range(0, R, bd_size):
-            end = min(start + bd_size, R)
-            rows = slice(offset + start, offset + end)
-            allow[rows, :P] = True                           # the prompt
-            allow[rows, P: P + start] = True                 # earlier clean blocks
-            allow[rows, offset + start: offset + end] = True  # own block, bidirectional
-    return allow
-
-
-def build_example(prompt_ids: list[int], target_ids: list[int], *, bd_size: int, mask_id: int, eos_id: int,
-                  gen: torch.Generator, ar_only: bool = False) -> dict[str, torch.Tensor]:
-    """One example's tokens, positions, (T, T) allow-matrix and AR / diffusion labels (IGNORE elsewhere).
-
-    AR-only: `[prompt | target EOS]` under causal attention. Joint: the four-segment layout of `joint_layout`.
-    """
-    P = len(prompt_ids)
-    if P == 0:
-        raise ValueError("empty prompt: the first response token is predicted from the last prompt token")
-    response = _response(target_ids, eos_id, 1 if ar_only else bd_size)
-    R, N = len(response), len(target_ids)
-    resp = torch.tensor(response)
-    positions = torch.arange(P, P + R)
-    ar_labels = torch.full((P + R,), IGNORE)
-    ar_labels[P - 1: P + N] = resp[: N + 1]  # logits at P-1+k predict response[k]; only the first EOS counts
-    if ar_only:
-        ids = torch.cat([torch.tensor(prompt_ids), resp])
-        return {"input_ids": ids, "position_ids": torch.arange(P + R), "labels_ar": ar_labels,
-                "labels_diff": torch.full((P + R,), IGNORE),
-                "allow": torch.tril(torch.ones(P + R, P + R, dtype=torch.bool))}
-    masked1 = complementary_masks(R, bd_size, gen)
-    streams, diff_labels = [], torch.full((P + 3 * R,), IGNORE)
-    for s, masked in enumerate((masked1, ~masked1)):
-        streams.append(torch.where(masked, mask_id, resp))
-        offset = P + (s + 1) * R
-        # stream position k-1 predicts response[k] where this stream masks it (k >= 1)
-        k = torch.nonzero(masked[1:]).flatten() + 1
-        diff_labels[offset + k - 1] = resp[k]
-        if masked[0]:  # token 0 is read from the last prompt token, as a0 is read from x0 at inference
-            diff_labels[P - 1] = resp[0]
-    ids = torch.cat([torch.tensor(prompt_ids), resp, *streams])
-    return {"input_ids": ids, "position_ids": torch.cat([torch.arange(P), positions, positions, positions]),
-            "labels_ar": torch.cat([ar_labels, torch.full((2 * R,), IGNORE)]), "labels_diff": diff_labels,
-            "allow": joint_layout(P, R, bd_size)}
-
-
-def collate(examples: list[dict[str, torch.Tensor]], pad_id: int, dtype: torch.dtype = torch.float32) -> dict:
-    """Right-pad to one length; the (b, 1, T, T) float additive mask (0 allowed, dtype-min blocked)."""
-    T = max(len(e["input_ids"]) for e in examples)
-    b = len(examples)
-    batch = {"input_ids": torch.full((b, T), pad_id), "position_ids": torch.zeros(b, T, dtype=torch.long),
-             "labels_ar": torch.full((b, T), IGNORE), "labels_diff": torch.full((b, T), IGNORE)}
-    allow = torch.eye(T, dtype=torch.bool).repeat(b, 1, 1)  # padding rows see themselves (no NaN rows)
-    for i, e in enumerate(examples):
-        n = len(e["input_ids"])
-        for key in ("input_ids", "position_ids", "labels_ar", "labels_diff"):
-            batch[key][i, :n] = e[key]
-        allow[i, :n, :n] = e["allow"]
-    mask = torch.zeros(b, 1, T, T, dtype=dtype)
-    mask.masked_fill_(~allow[:, None], torch.finfo(dtype).min)
-    batch["attention_mask"] = mask
-    return batch
-
-
-def joint_losses(model, batch: dict) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(L_AR, L_diff): token-mean cross-entropies over the labelled positions (None when a kind has none)."""
-    hidden = model.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                              position_ids=batch["position_ids"]).last_hidden_state  # (b, T, d)
-    head = model.get_output_embeddings()
-    losses = []
-    for key in ("labels_ar", "labels_diff"):
-        labels = batch[key]
-        sel = labels != IGNORE
-        if not sel.any():
-            losses.append(None)
-            continue
-        logits = head(hidden[sel]).float()  # (n_labelled, V): the head only where a loss is taken
-        losses.append(F.cross_entropy(logits, labels[sel]))
-    return losses[0], losses[1]
-
-
-def combine(l_ar: torch.Tensor | None, l_diff: torch.Tensor | None, w: float) -> torch.Tensor:
-    """(L_diff + w L_AR) / (1 + w); a stage without diffusion targets is the AR loss alone."""
-    if l_diff is None:
-        return l_ar
-    if l_ar is None:
-        return l_diff
-    return (l_diff + w * l_ar) / (1 + w)
 
 
 # ----------------------------------------------------------------------------------------------- model

@@ -17,10 +17,10 @@ from tqdm.auto import tqdm
 
 import rewards
 from grpo.checkpoint import BlockDiffusionConfig, CheckpointError, tokenizer_of
-from grpo.decoding import stop_token_ids
-from grpo.diffusion_decode import diffusion_generate
+from grpo.decoding.kv_session import stop_token_ids
+from grpo.decoding.diffusion import diffusion_generate
 from grpo.prompting import encode_prompt
-from grpo.selfspec import SelfSpecDecoder, ar_generate
+from grpo.decoding.selfspec import SelfSpecDecoder, ar_generate
 
 MODES = ("selfspec", "diffusion")
 # Output-length bins of the paper's breakdown: (label, lower bound inclusive, upper bound exclusive).
@@ -52,6 +52,7 @@ def summarize(records: list[dict]) -> dict:
         "tokens": tokens,
         "forwards": forwards,
         "rounds": sum(r["rounds"] for r in records),
+        "truncated": sum(r["truncated"] for r in records),
         "wall_s": sum(r["wall_s"] for r in records),
     }
 
@@ -65,17 +66,17 @@ def _grouped(records: list[dict], key: str, order: Iterable[str] = ()) -> dict:
     return {k: summarize(groups[k]) for k in order + sorted(set(groups) - set(order))}
 
 
-def measure_tpf(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], bd: BlockDiffusionConfig | None, *,
-                is_vlm: bool = False, bd_size: int | None = None, max_new_tokens: int = 512,
-                compare_ar: bool = False, mode: str = "selfspec", tau: float = 0.9,
-                score: bool = False, progress: bool = True) -> dict:
+def decode_rows(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], bd: BlockDiffusionConfig | None, *,
+                indices: Iterable[int] | None = None, is_vlm: bool = False, bd_size: int | None = None,
+                max_new_tokens: int = 512, compare_ar: bool = False, mode: str = "selfspec", tau: float = 0.9,
+                score: bool = False, progress: bool = True) -> list[dict]:
     """Decode every row greedily with the drafter (`mode` "selfspec" or "diffusion" with threshold `tau`).
 
-    Returns the overall summary (`tpf`, `accepted_per_round`, `ar_equal_rate`, `n`, `tokens`, `forwards`,
-    `rounds`, `wall_s`) plus `by_task`, `by_length`, and with `compare_ar` the AR reference's `ar_wall_s`
-    and `ar_forwards`. `ar_equal_rate` is None without `compare_ar`; `accepted_per_round` is None in
-    diffusion mode. With `score`, each output is scored against the row's `target` (`rewards.score`, the
-    GRPO reward), adding `reward` (mean) and `exact_rate`; in selfspec mode that is AR greedy's reward.
+    Returns one record per row: `index` (from `indices`, default 0, 1, ...), `task`, `prompt_ids` (text-only
+    policies; None for images), `output_ids`, `tokens`, `forwards`, `rounds`, `accepted` (drafts committed
+    in each verified round, SPEC §5), `truncated` (stopped by `max_new_tokens`), `ar_equal` (None without
+    `compare_ar`), `reward` and `exact` (None without `score`: the GRPO reward of the output against the
+    row's `target`; in selfspec mode that is AR greedy's reward), `length_bin`, `wall_s`.
     The model's train/eval mode is restored afterwards.
     """
     if mode not in MODES:
@@ -87,11 +88,12 @@ def measure_tpf(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
     stops = stop_token_ids(model, tokenizer)
     selfspec = SelfSpecDecoder(model, bd.mask_id, size, stops, max_new_tokens)
     rows = list(rows)
-    records, ar_wall, ar_forwards = [], 0.0, 0
+    indices = list(range(len(rows)) if indices is None else indices)
+    records = []
     was_training = model.training
     model.eval()
     try:
-        for index, row in enumerate(tqdm(rows, desc=f"TPF ({mode}, B={size})", disable=not progress)):
+        for index, row in zip(indices, tqdm(rows, desc=f"TPF ({mode}, B={size})", disable=not progress), strict=True):
             inputs = encode_prompt(processor, row, is_vlm)
             start = time.perf_counter()
             if mode == "selfspec":
@@ -102,29 +104,47 @@ def measure_tpf(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
             wall = time.perf_counter() - start
             ar_equal = None
             if compare_ar:
-                start = time.perf_counter()
-                reference = ar_generate(model, inputs, stops, max_new_tokens)
-                ar_wall += time.perf_counter() - start
-                ar_forwards += reference.forwards
-                ar_equal = reference.tokens == result.tokens
+                ar_equal = ar_generate(model, inputs, stops, max_new_tokens).tokens == result.tokens
             reward = exact = None
             if score:
                 text = tokenizer.decode(result.tokens, skip_special_tokens=True)
                 reward = rewards.score(text, row["target"], row["task_type"]).value
                 exact = text == row["target"]
-            records.append({"index": index, "task_type": row.get("task_type", "unknown"),
-                            "length_bin": length_bin(len(result.tokens)), "tokens": len(result.tokens),
-                            "forwards": result.forwards, "rounds": result.rounds, "accepted": result.accepted,
-                            "wall_s": wall, "ar_equal": ar_equal, "reward": reward, "exact": exact})
+            records.append({
+                "index": index, "task": row.get("task_type", "unknown"),
+                "prompt_ids": None if is_vlm else inputs["input_ids"][0].tolist(), "output_ids": result.tokens,
+                "tokens": len(result.tokens), "forwards": result.forwards, "rounds": result.rounds,
+                "accepted": result.accepted, "truncated": result.tokens[-1] not in stops,
+                "ar_equal": ar_equal, "reward": reward, "exact": exact,
+                "length_bin": length_bin(len(result.tokens)), "wall_s": wall})
     finally:
         model.train(was_training)
+    return records
+
+
+def tpf_stats(records: list[dict], **settings: Any) -> dict:
+    """The overall summary of `records` (`tpf`, `accepted_per_round`, `ar_equal_rate`, `reward`, `exact_rate`,
+    `n`, `tokens`, `forwards`, `rounds`, `truncated`, `wall_s`), `by_task`, `by_length`, the records as
+    `rows` (by index), and `settings` (e.g. mode, bd_size) as they are."""
+    records = sorted(records, key=lambda r: r["index"])
     stats = summarize(records)
-    stats.update(mode=mode, bd_size=size, max_new_tokens=max_new_tokens,
-                 by_task=_grouped(records, "task_type"),
-                 by_length=_grouped(records, "length_bin", [label for label, _, _ in LENGTH_BINS]))
-    if mode == "diffusion":
-        stats["tau"] = tau
-    if compare_ar:
-        stats.update(ar_wall_s=ar_wall, ar_forwards=ar_forwards)
+    stats.update(settings)
+    stats.update(by_task=_grouped(records, "task"),
+                 by_length=_grouped(records, "length_bin", [label for label, _, _ in LENGTH_BINS]), rows=records)
     return stats
 
+
+def measure_tpf(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], bd: BlockDiffusionConfig | None, *,
+                bd_size: int | None = None, max_new_tokens: int = 512, mode: str = "selfspec", tau: float = 0.9,
+                **options: Any) -> dict:
+    """`decode_rows` then `tpf_stats`: TPF of a checkpoint on `rows`, by task and length bin, with every record.
+
+    `ar_equal_rate` is None without `compare_ar`; `accepted_per_round` is None in diffusion mode; `reward`
+    and `exact_rate` are None without `score`.
+    """
+    records = decode_rows(model, processor, rows, bd, bd_size=bd_size, max_new_tokens=max_new_tokens, mode=mode,
+                          tau=tau, **options)
+    settings = {"mode": mode, "bd_size": bd_size or bd.bd_size, "max_new_tokens": max_new_tokens}
+    if mode == "diffusion":
+        settings["tau"] = tau
+    return tpf_stats(records, **settings)

@@ -28,7 +28,7 @@ _SUMMARY_KEYS = ("tpf/mean", "tpf/accepted_per_round", "tpf/ar_equal_rate")
 
 
 def probe_metrics(stats: dict) -> dict[str, float]:
-    """The logged `tpf/*` metrics of one `grpo.tpf.measure_tpf` result (None values left out)."""
+    """The logged `tpf/*` metrics of one `grpo.decoding.tpf.measure_tpf` result (None values left out)."""
     metrics = {"tpf/mean": stats["tpf"], "tpf/accepted_per_round": stats["accepted_per_round"],
                "tpf/ar_equal_rate": stats["ar_equal_rate"]}
     metrics.update({f"tpf/{task}": s["tpf"] for task, s in stats["by_task"].items()})
@@ -63,7 +63,7 @@ def reward_points(log_history: list[dict], key: str = "reward") -> list[tuple[in
 
 def write_drift(records: list[dict], log_history: list[dict], output_dir: str | Path) -> Path:
     """Rewrite `tpf_drift.jsonl` from `records` and redraw `tpf_drift.png`; return the PNG path."""
-    from grpo.drift_plot import plot_drift
+    from grpo.training.plots import plot_drift
 
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -113,7 +113,7 @@ class TpfProbeCallback(TrainerCallback):
         from accelerate.utils import broadcast_object_list
         from trl.models.utils import unwrap_model_for_generation
 
-        from grpo.tpf import measure_tpf
+        from grpo.decoding.tpf import measure_tpf
 
         trainer = self.trainer
         start = time.perf_counter()

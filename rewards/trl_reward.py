@@ -6,7 +6,7 @@ and scores the groups in a pool of spawned worker processes (spawned, not forked
 torch or vLLM threads is safe).
 
 Bounds, so that a pathological output gets a low score and never hangs the trainer:
-- `rewards.scoring.MAX_PRED_CHARS` and the tree bounds of `rewards.ted` cap the work per completion;
+- `rewards.scoring.MAX_PRED_CHARS` and the tree bounds of `rewards.zhang_shasha` cap the work per completion;
 - each completion gets `timeout_s` seconds (SIGALRM in the scoring process); past it, it scores
   `TIMEOUT_SCORE` with the component `timeout`;
 - the parent waits at most `timeout_s * (rounds + 2) + POOL_START_S` for the whole batch; past that the

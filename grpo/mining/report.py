@@ -11,6 +11,8 @@ import json
 import logging
 from pathlib import Path
 
+from grpo.mining.selection import INDEX, is_dropped
+
 log = logging.getLogger(__name__)
 
 PERCENTILES = (10, 25, 50, 75, 90, 99)
@@ -67,8 +69,6 @@ def write_report(records: list[dict], kept: list[int], min_std: float, out_dir: 
     `records` are the per-prompt statistics of every mined prompt, `kept` the pool indices kept.
     Writes `report.json`, `reward_mean.png` and `reward_std.png` into `out_dir`; returns the summary.
     """
-    from grpo.mining import INDEX, is_dropped
-
     kept_set = set(kept)
     counts: dict[str, dict[str, int]] = {}
     for rec in records:

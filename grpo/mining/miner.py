@@ -1,0 +1,222 @@
+"""Hard-prompt mining by reward variance (SPEC §8, paper appendix E): the run that ties the parts together.
+
+Each prompt of the pool gets k rollouts from the policy (`grpo.mining.sampling`), scored with
+`rewards.ocr_reward`. A prompt whose k rewards are all equal gives every rollout zero group advantage, so it
+is dropped (also any whose reward std is at most `min_std`); the rest are ranked and the top `keep` are
+written, with their statistics, as a `datasets` folder (`grpo.mining.selection`).
+
+Output folder OUT: the kept rows (original columns + statistics, best first, readable with
+`datasets.load_from_disk`); `OUT/mining/` holds the run's manifest, one part file per mined chunk and
+`done.json` (`grpo.mining.store`); `OUT/report/` the report (`grpo.mining.report`).
+
+Example:
+    >>> mine(MineConfig(model="tiny", data="tiny", out="mined", k=8, keep=64))   # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass, field
+
+from grpo.mining.report import write_report
+from grpo.mining.sampling import HfSampler, VllmSampler
+from grpo.mining.selection import INDEX, STAT_COLUMNS, RankRule, prompt_stats, select
+from grpo.mining.store import MiningError, MiningStore, atomic_write, check_manifest, pool_fingerprint
+
+log = logging.getLogger(__name__)
+
+SAMPLING_FIELDS = ("model", "data", "skip_bad", "k", "temperature", "max_tokens", "seed", "shard", "hf_generate",
+                   "dtype")
+
+
+@dataclass
+class MineConfig:
+    model: str                      # checkpoint folder or "tiny"
+    data: str                       # pool spec (see data.pool.load_pool)
+    out: str                        # output folder
+    k: int = 8                      # rollouts per prompt
+    temperature: float = 1.0        # no nucleus / top-k truncation, as in GRPO
+    max_tokens: int = 8448          # completion cap (the GRPO recipe's max completion length)
+    min_std: float = 0.0            # drop prompts whose reward std is <= this (and all with equal rewards)
+    rank: RankRule = field(default_factory=RankRule)
+    keep: int | None = None         # keep the top N after dropping (None: all)
+    shard: tuple[int, int] = (0, 1)  # (I, N): mine rows whose position % N == I
+    seed: int = 0
+    chunk_size: int = 32            # prompts per part file (per engine call)
+    skip_bad: bool = False          # leave malformed pool rows out instead of stopping
+    hf_generate: bool = False       # sample with HF generate instead of vLLM (fallback)
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.9
+    dtype: str = "auto"             # vLLM engine dtype ("auto" runs a float32 checkpoint in 16 bits)
+    progress: bool = True
+
+    def __post_init__(self):
+        if self.k < 2:
+            raise ValueError(f"k={self.k}: reward variance needs at least 2 rollouts per prompt")
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature} must be >= 0")
+        if self.max_tokens < 1 or self.chunk_size < 1:
+            raise ValueError("max_tokens and chunk_size must be >= 1")
+        if self.keep is not None and self.keep < 1:
+            raise ValueError(f"keep={self.keep} must be >= 1 (or None to keep all)")
+        i, n = self.shard
+        if not 0 <= i < n:
+            raise ValueError(f"shard {i}/{n}: need 0 <= I < N")
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """`"I/N"` -> (I, N), I counted from 0."""
+    try:
+        i, n = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard {text!r}: expected I/N, e.g. 0/4") from None
+    if not 0 <= i < n:
+        raise ValueError(f"--shard {text!r}: need 0 <= I < N")
+    return i, n
+
+
+def mine(cfg: MineConfig, llm=None) -> dict:
+    """Mine (or resume mining) one shard of the pool into `cfg.out`; returns the report summary.
+
+    `llm`: a running vLLM engine of `cfg.model` to sample with (default: start one unless every prompt is
+    already mined, or `cfg.hf_generate`).
+    """
+    from data.pool import load_pool
+    from grpo.checkpoint import resolve_model
+    from grpo.vllm_engine import is_vlm_checkpoint
+
+    model_dir = resolve_model(cfg.model)
+    pool = load_pool(cfg.data, skip_bad=cfg.skip_bad, index_column=INDEX)
+    previous = [c for c in STAT_COLUMNS if c in pool.column_names]
+    if previous:  # a mined pool mined again: its old statistics make way for the new ones
+        pool = pool.remove_columns(previous)
+    i, n = cfg.shard
+    ds = pool.select(range(i, len(pool), n))
+    run = MiningStore(cfg.out)
+    manifest = {key: getattr(cfg, key) for key in SAMPLING_FIELDS}
+    manifest.update(model=str(model_dir.resolve()), shard=list(cfg.shard), pool_rows=len(pool),
+                    pool_fingerprint=pool_fingerprint(pool))
+    check_manifest(run, manifest)
+    for stale in run.parts.glob(".*.tmp*"):  # left by a killed run
+        stale.unlink()
+
+    done = run.read_parts()
+    todo = [pos for pos, index in enumerate(ds[INDEX]) if index not in done]
+    log.info("shard %d/%d: %d prompts, %d already mined, %d to go", i, n, len(ds), len(ds) - len(todo),
+             len(todo))
+    if todo:
+        if cfg.hf_generate:
+            sampler = HfSampler(model_dir)
+        else:
+            if llm is None:
+                from grpo.vllm_engine import make_llm
+
+                llm = make_llm(model_dir, seed=cfg.seed, max_model_len=cfg.max_model_len,
+                               gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype)
+            sampler = VllmSampler(llm, is_vlm_checkpoint(model_dir))
+        _mine_rows(ds, todo, sampler, cfg, run, initial=len(ds) - len(todo))
+    return assemble(ds, run.read_parts(), run, cfg.rank, cfg.min_std, cfg.keep, manifest)
+
+
+def _mine_rows(ds, todo: list[int], sampler, cfg: MineConfig, run: MiningStore, initial: int) -> None:
+    from tqdm.auto import tqdm
+
+    from rewards import ocr_reward
+
+    with tqdm(total=initial + len(todo), initial=initial, unit="prompt", desc="mining",
+              disable=not cfg.progress) as bar:
+        for start in range(0, len(todo), cfg.chunk_size):
+            rows = list(ds.select(todo[start:start + cfg.chunk_size]))
+            rollouts = sampler.sample(rows, cfg)
+            prompts = [row["prompt"] for row in rows for _ in range(cfg.k)]
+            rewards = ocr_reward(prompts, [r.text for group in rollouts for r in group],
+                                 target=[row["target"] for row in rows for _ in range(cfg.k)],
+                                 task_type=[row["task_type"] for row in rows for _ in range(cfg.k)])
+            records = []
+            for j, (row, group) in enumerate(zip(rows, rollouts, strict=True)):
+                stats = prompt_stats(rewards[j * cfg.k:(j + 1) * cfg.k], group)
+                records.append({INDEX: row[INDEX], "task_type": row["task_type"],
+                                "ref_chars": len(row["target"]), **stats})
+            run.write_part(records)
+            bar.update(len(rows))
+
+
+def assemble(ds, records: dict[int, dict], run: MiningStore, rank: RankRule, min_std: float, keep: int | None,
+             manifest: dict) -> dict:
+    """Write OUT: the selected rows of `ds` with their statistics, the report over all `records`, done.json.
+
+    Every row of `ds` needs a record; the selection is made over all records and must fall inside `ds`
+    (for a merge, `ds` holds only the rows the shards kept, which contain the global selection).
+    """
+    from datasets import Dataset, concatenate_datasets
+
+    missing = sorted(set(ds[INDEX]) - set(records))
+    if missing:
+        raise MiningError(f"{run.out}: {len(missing)} prompts not mined yet (e.g. {missing[:5]}); rerun mine")
+    for rec in records.values():
+        rec["mine_score"] = rank.score(rec["reward_mean"], rec["ref_chars"], rec["task_type"])
+    kept = select(records, rank, min_std, keep)
+    position = {index: pos for pos, index in enumerate(ds[INDEX])}
+    absent = [i for i in kept if i not in position]
+    if absent:
+        raise MiningError(f"selected prompts {absent[:5]} are not among the rows given (shards disagree?)")
+    stats = Dataset.from_dict({c: [records[i][c] for i in kept] for c in STAT_COLUMNS}, features=_stat_features())
+    out_ds = concatenate_datasets([ds.select([position[i] for i in kept]), stats], axis=1)
+
+    run.out.mkdir(parents=True, exist_ok=True)
+    run.done.unlink(missing_ok=True)
+    for old in run.out.glob("data-*.arrow"):
+        old.unlink()
+    out_ds.save_to_disk(str(run.out), num_shards=None if len(out_ds) else 1)  # 0 shards would not load
+    summary = write_report(list(records.values()), kept, min_std, run.report)
+    selection = {"rank": dataclasses.asdict(rank), "min_std": min_std, "keep": keep}
+    run.work.mkdir(parents=True, exist_ok=True)
+    atomic_write(run.done, json.dumps({"manifest": manifest, "selection": selection, "summary": summary},
+                                       indent=2) + "\n")
+    return summary
+
+
+def _stat_features():
+    from datasets import Features, List, Value
+
+    return Features({c: List(Value("float64")) if c == "rewards" else
+                     Value("int64" if c in ("truncated", "ref_chars") else "float64") for c in STAT_COLUMNS})
+
+
+def merge(shard_outs: list[str], out: str) -> dict:
+    """Join the OUT folders of shards 0..N-1 of one mining run into `out`, selecting as they did.
+
+    Each shard kept its own top `keep`; the global top `keep` lies within their union because the score
+    of a prompt does not depend on the other prompts.
+    """
+    from datasets import concatenate_datasets, load_from_disk
+
+    runs = [MiningStore(p) for p in shard_outs]
+    unfinished = [str(r.out) for r in runs if not r.done.is_file()]
+    if unfinished:
+        raise MiningError(f"not finished (no mining/done.json): {', '.join(unfinished)}; rerun mine on them")
+    dones = [json.loads(r.done.read_text()) for r in runs]
+    first = dones[0]
+    for run, d in zip(runs, dones):
+        diff = [key for key in first["manifest"] if key != "shard" and d["manifest"].get(key) != first["manifest"][key]]
+        if d["selection"] != first["selection"]:
+            diff.append("selection (min_std, keep, ranking)")
+        if diff:
+            raise MiningError(f"{run.out} was mined with other settings than {runs[0].out}: {', '.join(diff)}")
+    n = first["manifest"]["shard"][1]
+    shards = sorted(d["manifest"]["shard"][0] for d in dones)
+    if shards != list(range(n)):
+        raise MiningError(f"need each of shards 0..{n - 1} of {n} once, got {shards}")
+
+    records = {}
+    for run in runs:
+        part = run.read_parts()
+        overlap = sorted(set(part) & set(records))
+        if overlap:
+            raise MiningError(f"{run.out} repeats prompts of another shard (e.g. {overlap[:5]})")
+        records.update(part)
+    ds = concatenate_datasets([load_from_disk(str(r.out)) for r in runs]).remove_columns(list(STAT_COLUMNS))
+    sel = first["selection"]
+    manifest = {**first["manifest"], "shard": [0, 1], "merged_from": [str(r.out) for r in runs]}
+    return assemble(ds, records, MiningStore(out), RankRule(**sel["rank"]), sel["min_std"], sel["keep"], manifest)
