@@ -69,6 +69,28 @@ def test_batch_is_joint_trainings_layout_with_only_corrupted_targets():
     assert (ex["labels_diff"][:6] == streams.IGNORE).all()
     # every response token but the first is a target in exactly one stream
     assert sorted(ex["labels_diff"][ex["labels_diff"] != streams.IGNORE].tolist()) == sorted([b, EOS, EOS])
+    # greedy targets: the target b (k=1) and the first EOS (k=2) are read off clean positions 2 and 3 (whose
+    # causal logits predict them); the padding EOS (k=3) keeps its label
+    src = torch.full((14,), -1)
+    for offset, masked in ((6, masked1), (10, ~masked1)):
+        for k in (1, 2):
+            if masked[k]:
+                src[offset + k - 1] = 2 + k - 1
+    assert ex["greedy_src"].tolist() == src.tolist()
+
+
+def test_greedy_relabel_reads_the_clean_streams_argmax():
+    V = 6
+    head = torch.nn.Linear(V, V, bias=False)
+    torch.nn.init.eye_(head.weight)
+    hidden = torch.zeros(1, 5, V, requires_grad=True)
+    with torch.no_grad():
+        hidden[0, 1, 4] = 1.0  # the verifier's argmax at position 1 is token 4
+    labels = torch.tensor([[streams.IGNORE, streams.IGNORE, streams.IGNORE, 3, 1]])
+    src = torch.tensor([[-1, -1, -1, 1, -1]])  # position 3 predicts what position 1's logits predict
+    out = dl.greedy_relabel({"labels_diff": labels}, src)(hidden, head)
+    assert out.tolist() == [[streams.IGNORE, streams.IGNORE, streams.IGNORE, 4, 1]]
+    assert labels[0, 3] == 3  # the batch's own labels are not overwritten
 
 
 # --- one GRPO step on the committed tiny default (HF generation) ---
@@ -102,7 +124,7 @@ def steps(tmp_path_factory):
     root = tmp_path_factory.mktemp("drafter")
     plain = _step(root, "plain", plain=True)
     off = _step(root, "off", drafter_loss_weight=0.0)
-    on = _step(root, "on", drafter_loss_weight=1.0)
+    on = _step(root, "on", drafter_loss_weight=1.0, drafter_targets="greedy")
     return plain, off, on
 
 

@@ -103,11 +103,17 @@ def collate(examples: list[dict[str, torch.Tensor]], pad_id: int, dtype: torch.d
     return batch
 
 
-def joint_losses(model, batch: dict) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(L_AR, L_diff): token-mean cross-entropies over the labelled positions (None when a kind has none)."""
+def joint_losses(model, batch: dict, relabel=None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(L_AR, L_diff): token-mean cross-entropies over the labelled positions (None when a kind has none).
+
+    `relabel(hidden, head) -> labels_diff`, if given, replaces the diffusion targets after the forward (the
+    drafter loss during GRPO reads greedy targets off the clean stream's logits; `grpo.training.drafter_loss`).
+    """
     hidden = model.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                               position_ids=batch["position_ids"]).last_hidden_state  # (b, T, d)
     head = model.get_output_embeddings()
+    if relabel is not None:
+        batch = {**batch, "labels_diff": relabel(hidden, head)}
     losses = []
     for key in ("labels_ar", "labels_diff"):
         labels = batch[key]

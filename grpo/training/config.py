@@ -19,7 +19,7 @@ from typing import Any
 from trl import GRPOConfig
 
 from grpo import yaml_config
-from grpo.training.drafter_loss import DRAFTER_COMPLETIONS
+from grpo.training.drafter_loss import DRAFTER_COMPLETIONS, DRAFTER_TARGETS
 from grpo.yaml_config import ConfigError, check_keys
 
 TPF_FLOOR_ACTIONS = ("warn", "stop")
@@ -70,6 +70,9 @@ class GravityGRPOConfig(GRPOConfig):
     drafter_completions: str = field(default="all", metadata={
         "help": "Completions the drafter loss trains on: 'all' finished ones, 'positive' (advantage > 0), or "
                 "'best' (highest advantage of each group). Truncated completions are always left out."})
+    drafter_targets: str = field(default="sampled", metadata={
+        "help": "What a masked token is trained to predict: 'sampled' (the completion's token, as joint "
+                "training) or 'greedy' (the verifier's argmax at that place, read off the clean stream)."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -98,6 +101,8 @@ class GravityGRPOConfig(GRPOConfig):
         if self.drafter_completions not in DRAFTER_COMPLETIONS:
             raise ConfigError(f"drafter_completions must be one of {DRAFTER_COMPLETIONS}, "
                               f"got {self.drafter_completions!r}")
+        if self.drafter_targets not in DRAFTER_TARGETS:
+            raise ConfigError(f"drafter_targets must be one of {DRAFTER_TARGETS}, got {self.drafter_targets!r}")
         if self.use_peft and (self.lora_r < 1 or self.lora_alpha <= 0 or not 0 <= self.lora_dropout < 1):
             raise ConfigError(f"LoRA settings out of range: lora_r={self.lora_r} (>= 1), "
                               f"lora_alpha={self.lora_alpha} (> 0), lora_dropout={self.lora_dropout} (in [0, 1))")

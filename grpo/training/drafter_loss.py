@@ -34,6 +34,7 @@ import torch
 from grpo.joint import streams
 
 DRAFTER_COMPLETIONS = ("all", "positive", "best")
+DRAFTER_TARGETS = ("sampled", "greedy")
 KEEP_KEY = "drafter_keep"  # (N,) bool added to TRL's generation batch: completions the drafter trains on
 
 
@@ -68,6 +69,9 @@ def drafter_examples(inputs: dict[str, torch.Tensor], keep: torch.Tensor, *, bd_
 
     TRL's prompts are left-padded (`prompt_mask`); a completion's target is its tokens before the first stop
     token, and the response is that target + `bd_size` copies of `stop_ids[0]` (the tokenizer's EOS).
+    `greedy_src` (T,) names, for each corrupted-stream position that predicts response token k <= N (the
+    target and its first EOS), the clean-stream position P+k-1 whose AR logits predict the same token; -1
+    elsewhere (the EOS padding after the first EOS keeps its EOS target).
     """
     examples = []
     stops = torch.tensor(stop_ids)
@@ -80,6 +84,11 @@ def drafter_examples(inputs: dict[str, torch.Tensor], keep: torch.Tensor, *, bd_
         clean_end = len(prompt) + end + bd_size  # P + R: prompt and clean stream
         ex["labels_diff"][:clean_end] = streams.IGNORE  # a0 at the last prompt token is the verifier's (GRPO's)
         ex["labels_ar"][:] = streams.IGNORE            # the AR path is trained by GRPO alone
+        P, R, N = len(prompt), end + bd_size, end
+        src = torch.full_like(ex["labels_diff"], -1)
+        for offset in (P + R, P + 2 * R):
+            src[offset: offset + N] = torch.arange(P, P + N)  # position offset+k-1 predicts token k (1..N)
+        ex["greedy_src"] = torch.where(ex["labels_diff"] != streams.IGNORE, src, -1)
         examples.append(ex)
     return examples
 
@@ -91,13 +100,38 @@ def causal_lm(model: Any) -> Any:
     return model.get_base_model() if isinstance(model, PeftModel) else model
 
 
-def drafter_loss(model: Any, examples: list[dict[str, torch.Tensor]], pad_id: int) -> torch.Tensor:
-    """L_diff: token-mean cross-entropy over the masked targets of both corrupted streams of `examples`."""
+def greedy_relabel(batch: dict[str, torch.Tensor], src: torch.Tensor):
+    """`joint_losses`' relabel: the target of a masked token is the verifier's greedy token at its place
+    (argmax of the clean stream's causal logits, detached), not the token the policy happened to sample."""
+    def relabel(hidden: torch.Tensor, head: Any) -> torch.Tensor:
+        labels = batch["labels_diff"].clone()
+        rows, cols = torch.nonzero(src >= 0, as_tuple=True)
+        with torch.no_grad():
+            labels[rows, cols] = head(hidden[rows, src[rows, cols]].detach()).argmax(-1)
+        return labels
+    return relabel
+
+
+def drafter_loss(model: Any, examples: list[dict[str, torch.Tensor]], pad_id: int,
+                 targets: str = "sampled") -> torch.Tensor | None:
+    """L_diff: token-mean cross-entropy over the masked targets of both corrupted streams of `examples`.
+
+    `targets`: `sampled` (the completion's own tokens, SPEC §6 as in joint training) or `greedy` (what the
+    verifier would write at each place: the acceptance test of self-speculative decoding is d_j = a_j).
+    """
+    if targets not in DRAFTER_TARGETS:
+        raise ValueError(f"drafter_targets must be one of {DRAFTER_TARGETS}, got {targets!r}")
     lm = causal_lm(model)
-    param = next(lm.parameters())
-    batch = streams.collate(examples, pad_id, dtype=param.dtype)
-    batch = {k: v.to(param.device) for k, v in batch.items()}
-    _, l_diff = streams.joint_losses(lm, batch)
+    emb = lm.get_input_embeddings().weight
+    batch = streams.collate(examples, pad_id, dtype=emb.dtype)
+    batch = {k: v.to(emb.device) for k, v in batch.items()}
+    relabel = None
+    if targets == "greedy":
+        src = torch.full(batch["labels_diff"].shape, -1, dtype=torch.long)  # (b, T), right-padded as collate
+        for i, e in enumerate(examples):
+            src[i, :len(e["greedy_src"])] = e["greedy_src"]
+        relabel = greedy_relabel(batch, src.to(emb.device))
+    _, l_diff = streams.joint_losses(lm, batch, relabel=relabel)
     return l_diff
 
 
@@ -129,7 +163,8 @@ def trainer_loss(trainer: Any, model: Any, inputs: dict) -> torch.Tensor:
     examples = drafter_examples(inputs, keep, bd_size=bd.bd_size, mask_id=bd.mask_id,
                                 stop_ids=trainer.eos_token_ids, gen=gen)
     with acc.autocast():
-        l_diff = drafter_loss(acc.unwrap_model(model), examples, trainer._tokenizer.pad_token_id)
+        l_diff = drafter_loss(acc.unwrap_model(model), examples, trainer._tokenizer.pad_token_id,
+                              trainer.args.drafter_targets)
     if l_diff is None:  # no masked target at all (bd_size 1 and an empty response)
         l_diff, used = next(p for p in model.parameters() if p.requires_grad).sum() * 0.0, 0
     value = l_diff.detach() if used else torch.tensor(float("nan"), device=acc.device)
