@@ -183,3 +183,34 @@ def test_lora_adapters_get_the_drafter_gradient(tmp_path):
     assert lora and any(not torch.equal(w_off[k], w_on[k]) for k in lora)
     assert all(torch.equal(w_off[k], w_on[k]) for k in w_on if "lora_" not in k)  # base weights frozen
     assert log["drafter/completions"] > 0
+
+
+def test_greedy_targets_of_a_greedy_completion_are_its_own_tokens():
+    """On the tiny default: for the verifier's own greedy output, the greedy targets read off the clean stream
+    are exactly the sampled targets (the alignment of `greedy_src`), and so are the two losses."""
+    from data.pool import load_pool
+    from grpo.checkpoint import load_checkpoint, tokenizer_of
+    from grpo.decoding.kv_session import stop_token_ids
+    from grpo.decoding.selfspec import ar_generate
+    from grpo.prompting import encode_prompt
+
+    ckpt = load_checkpoint("tiny", need_drafter=True)
+    tok, model = tokenizer_of(ckpt.processor), ckpt.model.eval()
+    stops = list(stop_token_ids(model, tok))
+    for row in load_pool("tiny-probe").select(range(3)):
+        x = encode_prompt(tok, row, is_vlm=False)
+        out = ar_generate(model, x, stops, 192).tokens
+        inputs = {"prompt_ids": x["input_ids"], "prompt_mask": torch.ones_like(x["input_ids"]),
+                  "completion_ids": torch.tensor([out])}
+        examples = dl.drafter_examples(inputs, torch.tensor([True]), bd_size=ckpt.bd.bd_size,
+                                       mask_id=ckpt.bd.mask_id, stop_ids=[tok.eos_token_id],
+                                       gen=torch.Generator().manual_seed(0))
+        batch = streams.collate(examples, tok.pad_token_id)
+        relabel = dl.greedy_relabel(batch, examples[0]["greedy_src"][None])
+        with torch.no_grad():
+            hidden = model.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                      position_ids=batch["position_ids"]).last_hidden_state
+            assert torch.equal(relabel(hidden, model.get_output_embeddings()), batch["labels_diff"])
+            sampled = dl.drafter_loss(model, examples, tok.pad_token_id, "sampled")
+            greedy = dl.drafter_loss(model, examples, tok.pad_token_id, "greedy")
+        assert sampled.item() == pytest.approx(greedy.item())

@@ -18,6 +18,9 @@ joint training uses: response = completion + B EOS, two complementary corrupted 
 - which completions count (`drafter_completions`): `all` finished ones, those with a `positive` advantage,
   or the `best` finished one of each group (highest advantage). `best` is picked where the groups are still
   in order (before TRL shuffles the generation batch), so `select_completions` sees whole groups.
+- which targets (`drafter_targets`): `sampled` (the completion's own tokens, as joint training) or `greedy`
+  (the verifier's argmax at each place, read off the clean stream of the same forward): drafts are accepted
+  when they equal the verifier's greedy tokens, while rollouts are sampled at temperature 1.0.
 
 Example:
     >>> keep = select_completions(torch.tensor([0.5, -0.5, 1.0, -1.0]), torch.tensor([1, 1, 0, 1]).bool(),
@@ -81,10 +84,9 @@ def drafter_examples(inputs: dict[str, torch.Tensor], keep: torch.Tensor, *, bd_
         end = int(torch.isin(completion, stops).int().argmax())  # first stop token (kept rows have one)
         ex = streams.build_example(prompt, completion[:end].tolist(), bd_size=bd_size, mask_id=mask_id,
                                    eos_id=stop_ids[0], gen=gen)
-        clean_end = len(prompt) + end + bd_size  # P + R: prompt and clean stream
-        ex["labels_diff"][:clean_end] = streams.IGNORE  # a0 at the last prompt token is the verifier's (GRPO's)
-        ex["labels_ar"][:] = streams.IGNORE            # the AR path is trained by GRPO alone
         P, R, N = len(prompt), end + bd_size, end
+        ex["labels_diff"][:P + R] = streams.IGNORE  # a0 (read at the last prompt token) is the verifier's: GRPO's
+        ex["labels_ar"][:] = streams.IGNORE         # the AR path is trained by GRPO alone
         src = torch.full_like(ex["labels_diff"], -1)
         for offset in (P + R, P + 2 * R):
             src[offset: offset + N] = torch.arange(P, P + N)  # position offset+k-1 predicts token k (1..N)
