@@ -179,6 +179,32 @@ class GravityGRPOTrainer(GRPOTrainer):
         return split
 
 
+def qlora_quantization_config(dtype: Any = None) -> Any:
+    """The `BitsAndBytesConfig` of QLoRA: NF4 base weights, computed and *stored* in `dtype` (bf16).
+
+    `bnb_4bit_quant_storage` matters under ZeRO-3: DeepSpeed flattens every parameter of a group into one
+    buffer of one dtype, and packed 4-bit weights stored as uint8 (the default) cannot join bf16 ones.
+    """
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    dtype = dtype or torch.bfloat16
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype,
+                              bnb_4bit_quant_storage=dtype)
+
+
+def rollout_generation_kwargs(config: GravityGRPOConfig, ckpt: Any) -> dict | None:
+    """`config.generation_kwargs`, plus for a vision-language checkpoint sampled by vLLM a ban of its image
+    tokens (TRL bans `<|image|>` only on the HF path; one sampled image token crashes the loss forward)."""
+    if not (config.use_vllm and ckpt.is_vlm):
+        return config.generation_kwargs
+    from grpo.checkpoint import tokenizer_of
+    from grpo.vllm_engine import ban_tokens_kwargs, image_token_ids, merge_sampling_kwargs
+
+    ban = ban_tokens_kwargs(image_token_ids(ckpt.model.config), tokenizer_of(ckpt.processor))
+    return merge_sampling_kwargs(config.generation_kwargs, ban)
+
+
 def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
     """The trainer for `config`: load the checkpoint and pools, wire rewards and the TPF probe."""
     import torch
@@ -209,13 +235,10 @@ def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
         from grpo.vllm_engine import set_engine_env
 
         set_engine_env()  # before TRL starts the engine: in-process, small CPU KV cache
+    config.generation_kwargs = rollout_generation_kwargs(config, ckpt)
     model, quantization = ckpt.model, None
     if config.load_in_4bit:  # TRL loads the base weights in 4 bit from the folder
-        from transformers import BitsAndBytesConfig
-
-        model = str(ckpt.path)
-        quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                          bnb_4bit_compute_dtype=torch.bfloat16)
+        model, quantization = str(ckpt.path), qlora_quantization_config()
     trainer = GravityGRPOTrainer(model=model, reward_funcs=ocr_reward, args=config, train_dataset=pool,
                                  processing_class=ckpt.processor, peft_config=config.peft_config(),
                                  quantization_config=quantization, block_diffusion=ckpt.bd)
