@@ -24,6 +24,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, dest=key, type=kind, help=f"{text} (config key {key})")
     parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
                         help="set any config key (VALUE read as YAML, e.g. --set beta=0.001); repeatable")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="check config, pool, checkpoint, engine, launcher and hardware, then stop (exit 2 "
+                             "listing every problem)")
+    parser.add_argument("--num-processes", type=int, default=None, metavar="N",
+                        help="with --dry-run: check the batch geometry for N processes on another cluster "
+                             "(skips this machine's GPU checks)")
+    parser.add_argument("--accelerate-config", default=None, metavar="FILE",
+                        help="with --dry-run: the accelerate launch config (default: the launcher's own)")
     parser.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
                         help="continue from the last checkpoint in the output dir (or from CHECKPOINT): "
                              "weights, optimizer, scheduler, RNG and TPF history")
@@ -72,10 +80,36 @@ def print_summary(summary: dict) -> None:
         console.print(f"{name}: {path}")
 
 
+def print_preflight(report) -> None:
+    """The facts of a dry run, then its notes; problems are raised by the caller."""
+    from rich.console import Console
+
+    console = Console()
+    for label, text in report.facts.items():
+        console.print(f"{label}: {text}", highlight=False)
+    for note in report.notes:
+        console.print(f"[yellow]note:[/yellow] {note}", highlight=False)
+
+
+def dry_run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from grpo.training.preflight import preflight
+
+    report = preflight(args.config, overrides(args), num_processes=args.num_processes,
+                       accelerate_config=args.accelerate_config)
+    print_preflight(report)
+    report.raise_for_problems()
+    Console().print("[green]dry run: the run would start[/green]")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from grpo.training.config import load_config
     from grpo.training.trainer import run_training
 
+    if args.dry_run:
+        return dry_run(args)
     config = load_config(args.config, overrides(args))
     summary = run_training(config, resume=args.resume)
     print_summary(summary)
