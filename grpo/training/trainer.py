@@ -98,10 +98,24 @@ class GravityGRPOTrainer(GRPOTrainer):
         from grpo.vllm_engine import sync_weights
 
         model = self.accelerator.unwrap_model(self.model)
-        if isinstance(model, PeftModel):
-            # vLLM serves the merged weights; a merged copy leaves the adapters being trained untouched.
-            model = copy.deepcopy(model).merge_and_unload()
-        sync_weights(self.vllm_generation.llm, model)
+        with self._gathered_weights(model):
+            if isinstance(model, PeftModel):
+                # vLLM serves the merged weights; a merged copy leaves the adapters being trained untouched.
+                model = copy.deepcopy(model).merge_and_unload()
+            sync_weights(self.vllm_generation.llm, model)
+
+    def _gathered_weights(self, model: Any):
+        """Whole parameters for the length of the block: under ZeRO-3 each rank holds a shard (an empty
+        placeholder tensor per parameter) until they are gathered; a collective, so every rank enters it."""
+        from contextlib import nullcontext
+
+        from trl.distributed import DistributedBackend
+
+        if not DistributedBackend(self.accelerator).is_zero3:
+            return nullcontext()
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(list(model.parameters()))
 
     @contextmanager
     def timed(self, phase: str):
