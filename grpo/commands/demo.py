@@ -22,12 +22,13 @@ def run(args: argparse.Namespace) -> int:
 
     from grpo.commands.train import print_summary
     from grpo.training.config import load_config
-    from grpo.training.trainer import RUN_CONFIG, run_training
+    from grpo.training.run_dir import RunDir
+    from grpo.training.trainer import run_training
 
     console = Console()
     config = load_config(args.config, {"output_dir": str(args.output_dir), "max_steps": args.max_steps})
     if args.output_dir.exists() and any(args.output_dir.iterdir()):
-        if not (args.output_dir / RUN_CONFIG).is_file():
+        if not RunDir(args.output_dir).is_run():
             raise SystemExit(f"{args.output_dir} is not empty and holds no previous run; choose another --output-dir")
         console.print(f"removing the previous demo run in {args.output_dir}")
         shutil.rmtree(args.output_dir)
