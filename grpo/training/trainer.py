@@ -177,7 +177,7 @@ def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
 
     from grpo.training.progress import RewardProgressCallback
     from grpo.training.tpf_probe import TpfProbeCallback
-    from rewards import ocr_reward
+    from rewards import OcrReward
 
     probing = config.tpf_every > 0
     on_cpu = config.use_cpu or not torch.cuda.is_available()
@@ -207,7 +207,8 @@ def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
         model = str(ckpt.path)
         quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                           bnb_4bit_compute_dtype=torch.bfloat16)
-    trainer = GravityGRPOTrainer(model=model, reward_funcs=ocr_reward, args=config, train_dataset=pool,
+    reward = OcrReward(table_bonus=config.table_bonus)
+    trainer = GravityGRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=pool,
                                  processing_class=ckpt.processor, peft_config=config.peft_config(),
                                  quantization_config=quantization, block_diffusion=ckpt.bd)
     trainer.remove_callback(ProgressCallback)  # it prints every metric dict; those go to metrics.jsonl
