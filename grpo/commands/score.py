@@ -12,6 +12,7 @@ PAIR_FIELDS = ("pred", "ref", "task")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from rewards import TASKS
     from rewards.gate import GATES
+    from rewards.table import TABLE_BONUS
 
     parser.add_argument("--task", choices=TASKS, help="reward to apply (with --pred/--ref)")
     parser.add_argument("--pred", metavar="FILE_OR_TEXT", help="the prediction: a file path or the text itself")
@@ -19,6 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pairs", type=Path, metavar="JSONL",
                         help="score every line {pred, ref, task} of this file and print a summary per task")
     parser.add_argument("--gate", choices=GATES, default="relative", help="degeneration gate (default relative)")
+    parser.add_argument("--table-bonus", choices=TABLE_BONUS, default="clipped",
+                        help="reading of the table shape bonus (default clipped; SPEC §4)")
     parser.add_argument("--explain", action="store_true", help="also print the reward's components")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--workers", type=int, default=None, help="worker processes for --pairs (default: CPUs)")
@@ -113,7 +116,7 @@ def _run_pairs(args, console) -> int:
     with Progress(console=console, transient=True, disable=args.json) as progress:
         bar = progress.add_task("scoring", total=None)
         results = score_many([p["pred"] for p in pairs], [p["ref"] for p in pairs], [p["task"] for p in pairs],
-                             gate=args.gate, workers=args.workers,
+                             gate=args.gate, table_bonus=args.table_bonus, workers=args.workers,
                              on_progress=lambda done, total: progress.update(bar, completed=done, total=total))
     if args.json:
         print(json.dumps({"summary": summarize(results),
@@ -137,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
             return _run_pairs(args, console)
         if any(v is None for v in single):
             raise ValueError("give --task, --pred and --ref (or --pairs FILE)")
-        result = score(file_or_text(args.pred), file_or_text(args.ref), args.task, gate=args.gate)
+        result = score(file_or_text(args.pred), file_or_text(args.ref), args.task, gate=args.gate,
+                       table_bonus=args.table_bonus)
     except (ValueError, OSError) as err:
         Console(stderr=True).print(f"[red]error:[/red] {err}", markup=True, highlight=False)
         return 2
