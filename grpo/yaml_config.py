@@ -8,8 +8,10 @@ import difflib
 from pathlib import Path
 from typing import Any
 
+from grpo.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A configuration that cannot run; the message names the file or field and the fix."""
 
 

@@ -62,7 +62,7 @@ def test_prompt_stats_values():
 def test_bad_settings_are_refused(tmp_path):
     assert parse_shard("2/4") == (2, 4)
     for text in ("4/4", "a/b", "1"):
-        with pytest.raises(ValueError, match="--shard"):
+        with pytest.raises(MiningError, match="shard"):
             parse_shard(text)
     with pytest.raises(ValueError, match="at least 2 rollouts"):
         MineConfig(model="m", data="d", out="o", k=1)

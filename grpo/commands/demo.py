@@ -18,22 +18,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from grpo.commands.train import print_summary
+    from grpo.console import console
+    from grpo.errors import UserError
     from grpo.training.config import load_config
     from grpo.training.trainer import RUN_CONFIG, run_training
 
-    console = Console()
     config = load_config(args.config, {"output_dir": str(args.output_dir), "max_steps": args.max_steps})
     if args.output_dir.exists() and any(args.output_dir.iterdir()):
         if not (args.output_dir / RUN_CONFIG).is_file():
-            raise SystemExit(f"{args.output_dir} is not empty and holds no previous run; choose another --output-dir")
-        console.print(f"removing the previous demo run in {args.output_dir}")
+            raise UserError(f"{args.output_dir} is not empty and holds no previous run; choose another --output-dir")
+        console.print(f"removing the previous demo run in {args.output_dir}", markup=False)
         shutil.rmtree(args.output_dir)
     console.print(f"GRPO on {config.model} with pool {config.pool}: {config.max_steps} steps, "
                   f"{config.generation_batch_size // config.num_generations} prompts x {config.num_generations} "
-                  f"rollouts per step, TPF probe every {config.tpf_every} steps")
+                  f"rollouts per step, TPF probe every {config.tpf_every} steps", markup=False)
     summary = run_training(config)
     print_summary(summary)
     return 0

@@ -31,11 +31,12 @@ def checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
 def load_policy(folder: Path, base: str | None):
     """A checkpoint of the run as a joint checkpoint; LoRA checkpoints are merged into `base`."""
     from grpo.checkpoint import load_checkpoint
+    from grpo.errors import UserError
 
     if not (folder / "adapter_config.json").is_file():
         return load_checkpoint(folder, need_drafter=True)
     if base is None:
-        raise SystemExit(f"{folder} holds LoRA adapters; the base model is unknown (no run_config.json)")
+        raise UserError(f"{folder} holds LoRA adapters; the base model is unknown (no run_config.json)")
     from peft import PeftModel
 
     ckpt = load_checkpoint(base, need_drafter=True)
@@ -44,29 +45,28 @@ def load_policy(folder: Path, base: str | None):
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from data.pool import load_pool
+    from grpo.console import console
+    from grpo.errors import MissingFileError, UserError
     from grpo.training.plots import plot_drift
     from grpo.decoding.tpf import measure_tpf
     from grpo.training.tpf_probe import drift_records, probe_metrics, reward_points
     from grpo.training.trainer import METRICS_JSONL, RUN_CONFIG
 
-    console = Console()
     run_dir = args.run_dir
     if not run_dir.is_dir():
-        raise SystemExit(f"{run_dir}: no such run folder")
+        raise MissingFileError(f"{run_dir}: no such run folder")
     config = json.loads((run_dir / RUN_CONFIG).read_text()) if (run_dir / RUN_CONFIG).is_file() else {}
     probe_set = args.probe_set or config.get("probe_set")
     if probe_set is None:
-        raise SystemExit(f"{run_dir}: no {RUN_CONFIG}; pass --probe-set")
+        raise UserError(f"{run_dir}: no {RUN_CONFIG}; pass --probe-set")
     size = args.probe_size or config.get("probe_size", 24)
     max_new = args.max_new_tokens or config.get("tpf_max_new_tokens", 512)
     points = checkpoints(run_dir)
     if not args.no_initial and config.get("model"):
         points.insert(0, (0, config["model"]))
     if not points:
-        raise SystemExit(f"{run_dir}: no checkpoint-N folders")
+        raise UserError(f"{run_dir}: no checkpoint-N folders")
     rows = load_pool(probe_set)
     rows = rows.select(range(min(size, len(rows))))
 
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     probes = [{"step": e["step"], "reward": e["reward"]} for e in history if "reward" in e]
     for step, folder in points:
         ckpt = load_policy(Path(folder), config.get("model"))
-        console.print(f"step {step}: {folder}")
+        console.print(f"step {step}: {folder}", markup=False)
         stats = measure_tpf(ckpt.model, ckpt.processor, rows, ckpt.bd, is_vlm=ckpt.is_vlm, max_new_tokens=max_new,
                             compare_ar=True)
         probes.append({"step": step, **probe_metrics(stats)})
@@ -88,5 +88,5 @@ def run(args: argparse.Namespace) -> int:
     (out / OUT_JSONL).write_text("".join(json.dumps(r) + "\n" for r in records))
     png = plot_drift(records, out / OUT_PNG, rewards=reward_points(history),
                      title=f"TPF of the saved checkpoints of {run_dir.name}")
-    console.print(f"wrote {out / OUT_JSONL} and {png}")
+    console.print(f"wrote {out / OUT_JSONL} and {png}", markup=False)
     return 0

@@ -33,23 +33,24 @@ def overrides(args: argparse.Namespace) -> dict:
     """Config keys set on the command line: the named flags, then every --set KEY=VALUE."""
     import yaml
 
+    from grpo.errors import UserError
+
     values = {key: getattr(args, key) for key, _, _ in FLAGS.values() if getattr(args, key, None) is not None}
     for assignment in args.assignments:
         key, sep, text = assignment.partition("=")
         if not sep or not key:
-            raise SystemExit(f"--set expects KEY=VALUE, got {assignment!r}")
+            raise UserError(f"--set expects KEY=VALUE, got {assignment!r}")
         values[key.strip()] = yaml.safe_load(text)
     return values
 
 
 def print_summary(summary: dict) -> None:
     """The run's outcome: reward start/end, TPF per probe, wall-time split and where the files are."""
-    from rich.console import Console
     from rich.table import Table
 
+    from grpo.console import console
     from grpo.training.trainer import PHASES
 
-    console = Console()
     rewards = [value for _, value in summary["rewards"]]
     if rewards:
         k = max(1, len(rewards) // 4)  # quarters: a step's mean over a few prompts is noisy
@@ -69,14 +70,15 @@ def print_summary(summary: dict) -> None:
         table.add_row(phase, f"{split[phase]:.1f}", f"{split[phase] / split['total']:.0%}" if split["total"] else "-")
     console.print(table)
     for name, path in summary["files"].items():
-        console.print(f"{name}: {path}")
+        console.print(f"{name}: {path}", markup=False)
 
 
 def run(args: argparse.Namespace) -> int:
     from grpo.training.config import load_config
+
+    config = load_config(args.config, overrides(args))  # a config mistake stops here, before vLLM is imported
     from grpo.training.trainer import run_training
 
-    config = load_config(args.config, overrides(args))
     summary = run_training(config, resume=args.resume)
     print_summary(summary)
     return 0 if summary["stopped_at"] is None else 3
