@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import base64
+import glob
 import io
 import json
 import logging
@@ -128,7 +129,8 @@ def _read(spec: str):
         if not path.is_file():
             raise MissingFileError(f"prompt pool {spec}: no such file")
         if path.suffix == ".parquet":
-            return Dataset.from_parquet(str(path)), path.parent, []
+            # datasets reads its argument as a glob: a folder named like `[exp1]` must not be a pattern
+            return Dataset.from_parquet(glob.escape(str(path))), path.parent, []
         return (*_read_jsonl(path), )
     from data.synthetic import SPLITS, build_split
 
