@@ -110,7 +110,9 @@ def as_prompts(ds, is_vlm: bool):
         return ds
     if "image" not in ds.column_names:
         raise PoolError("(in memory)", "a vision-language policy needs an image column; this pool is text-only")
-    return ds.map(lambda row: {"prompt": [{"role": "user", "content": row["prompt"]}]})
+    from grpo.prompting import user_turn
+
+    return ds.map(lambda row: {"prompt": user_turn(row["prompt"])})
 
 
 def _read(spec: str):

@@ -141,13 +141,14 @@ def failures(pairs: list[Pair], results: list[RewardResult]) -> list[Failure]:
             for p, r in zip(pairs, results, strict=True) if p.bounds is not None and not p.bounds.holds(r.value)]
 
 
-def check_pairs(path: str | Path, gate: str = "relative", workers: int | None = 1) -> list[Failure]:
+def check_pairs(path: str | Path, gate: str = "relative", table_bonus: str = "clipped",
+                workers: int | None = 1) -> list[Failure]:
     """Score every line of `path`; return the cases outside their bounds (empty: all pass)."""
     from rewards.trl_reward import score_many
 
     pairs = read_pairs(path)
     results = score_many([p.pred for p in pairs], [p.ref for p in pairs], [p.task for p in pairs], gate=gate,
-                         workers=workers)
+                         table_bonus=table_bonus, workers=workers)
     return failures(pairs, results)
 
 

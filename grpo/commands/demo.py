@@ -22,11 +22,12 @@ def run(args: argparse.Namespace) -> int:
     from grpo.console import console
     from grpo.errors import UserError
     from grpo.training.config import load_config
-    from grpo.training.trainer import RUN_CONFIG, run_training
+    from grpo.training.run_dir import RunDir
+    from grpo.training.trainer import run_training
 
     config = load_config(args.config, {"output_dir": str(args.output_dir), "max_steps": args.max_steps})
     if args.output_dir.exists() and any(args.output_dir.iterdir()):
-        if not (args.output_dir / RUN_CONFIG).is_file():
+        if not RunDir(args.output_dir).is_run():
             raise UserError(f"{args.output_dir} is not empty and holds no previous run; choose another --output-dir")
         console.print(f"removing the previous demo run in {args.output_dir}", markup=False)
         shutil.rmtree(args.output_dir)

@@ -44,18 +44,34 @@ def overrides(args: argparse.Namespace) -> dict:
     return values
 
 
+def held_out_table(change: dict):
+    """Before/after of the held-out greedy reward and TPF, with the paired difference and its 95% interval."""
+    from rich.table import Table
+
+    first, last = change["steps"]
+    table = Table(title=f"held-out greedy reward and TPF: step {first} -> step {last} (paired over prompts)")
+    for column in ("group", "n", "reward before", "reward after", "difference [95% CI]", "TPF before", "TPF after"):
+        table.add_column(column, justify="left" if column == "group" else "right")
+    for name, c in change.items():
+        if name == "steps":
+            continue
+        table.add_row(name, str(c["n"]), f"{c['before']:.3f}", f"{c['after']:.3f}",
+                      f"{c['diff']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}]", f"{c['tpf'][0]:.2f}",
+                      f"{c['tpf'][1]:.2f}")
+    return table
+
+
 def print_summary(summary: dict) -> None:
-    """The run's outcome: reward start/end, TPF per probe, wall-time split and where the files are."""
+    """The run's outcome (main process only): held-out before/after, TPF per probe, wall-time split, files."""
     from rich.table import Table
 
     from grpo.console import console
     from grpo.training.trainer import PHASES
 
-    rewards = [value for _, value in summary["rewards"]]
-    if rewards:
-        k = max(1, len(rewards) // 4)  # quarters: a step's mean over a few prompts is noisy
-        console.print(f"mean reward: first {k} steps {sum(rewards[:k]) / k:.3f} -> last {k} steps "
-                      f"{sum(rewards[-k:]) / k:.3f} ({len(rewards)} logged steps)")
+    if not summary["main_process"]:
+        return
+    if summary["held_out"] is not None:
+        console.print(held_out_table(summary["held_out"]))
     if summary["tpf"]:
         console.print("TPF by step: " + ", ".join(f"{r['step']}: {r['tpf']:.2f}" for r in summary["tpf"]))
     if summary["stopped_at"] is not None:

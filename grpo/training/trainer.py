@@ -17,23 +17,18 @@ from __future__ import annotations
 
 import copy
 import functools
-import json
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from trl import GRPOTrainer
 
 from grpo.training.config import ConfigError, GravityGRPOConfig
+from grpo.training.run_dir import REWARD_PNG, RunDir
 
 # Phases of the wall-time split, in the order they are reported.
 PHASES = ("generation", "reward", "logprobs", "backward", "tpf_probe", "other")
-METRICS_JSONL = "metrics.jsonl"  # OUTPUT/metrics.jsonl: the trainer's log history, one entry per line
-RUN_CONFIG = "run_config.json"   # the full config of the run (read back by `gravity-grpo tpf-drift`)
-WALL_TIME = "wall_time.json"     # seconds per phase of PHASES, and the total
-REWARD_PNG = "reward_curve.png"  # mean reward and per-task reward versus step
 
 
 @contextmanager
@@ -144,15 +139,8 @@ class GravityGRPOTrainer(GRPOTrainer):
         super().log(logs, start_time)
         if not self.state.is_world_process_zero:
             return
-        history = self.state.log_history
-        path = Path(self.args.output_dir) / METRICS_JSONL
-        if self._entries_written == len(history) - 1:
-            with path.open("a") as f:
-                f.write(json.dumps(history[-1]) + "\n")
-        else:  # first write of this process: the whole history, so a resumed run's file matches its state
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text("".join(json.dumps(entry) + "\n" for entry in history))
-        self._entries_written = len(history)
+        self._entries_written = RunDir(self.args.output_dir).write_metrics(self.state.log_history,
+                                                                           self._entries_written)
 
     def train(self, *args: Any, **kwargs: Any):
         with self.timed("train"):
@@ -185,8 +173,11 @@ def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
 
     from data.pool import as_prompts, load_pool
     from grpo.checkpoint import load_checkpoint
+    from transformers.trainer_callback import ProgressCallback
+
+    from grpo.training.progress import RewardProgressCallback
     from grpo.training.tpf_probe import TpfProbeCallback
-    from rewards import ocr_reward
+    from rewards import OcrReward
 
     probing = config.tpf_every > 0
     on_cpu = config.use_cpu or not torch.cuda.is_available()
@@ -216,9 +207,12 @@ def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
         model = str(ckpt.path)
         quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                           bnb_4bit_compute_dtype=torch.bfloat16)
-    trainer = GravityGRPOTrainer(model=model, reward_funcs=ocr_reward, args=config, train_dataset=pool,
+    reward = OcrReward(table_bonus=config.table_bonus)
+    trainer = GravityGRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=pool,
                                  processing_class=ckpt.processor, peft_config=config.peft_config(),
                                  quantization_config=quantization, block_diffusion=ckpt.bd)
+    trainer.remove_callback(ProgressCallback)  # it prints every metric dict; those go to metrics.jsonl
+    trainer.add_callback(RewardProgressCallback())
     if probing:
         probe = load_pool(config.probe_set)
         probe = probe.select(range(min(config.probe_size, len(probe))))
@@ -227,26 +221,33 @@ def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
 
 
 def run_training(config: GravityGRPOConfig, resume: str | bool | None = None) -> dict[str, Any]:
-    """Train (or resume: True for the last checkpoint in `output_dir`, or a checkpoint folder) and write
-    `run_config.json`, `wall_time.json` and `reward_curve.png` into `output_dir`; return a summary (the
-    trainer, rewards and TPF records by step, the wall-time split, `stopped_at`, the files written)."""
+    """Train (or resume: True for the last checkpoint in `output_dir`, or a checkpoint folder); the main
+    process writes the run folder (`grpo.training.run_dir`). Returns a summary: the trainer, training rewards
+    and probe records by step, the held-out before/after change, the wall-time split, `stopped_at` and the
+    files written."""
+    from grpo.training.drift import drift_records, held_out_change, reward_points
     from grpo.training.plots import plot_rewards
-    from grpo.training.tpf_probe import DRIFT_PNG, TpfProbeCallback, drift_records, reward_points
+    from grpo.training.tpf_probe import TpfProbeCallback
     from rewards import TASKS
 
-    out = Path(config.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / RUN_CONFIG).write_text(config.to_json_string())
+    run = RunDir(config.output_dir)
     trainer = build_trainer(config)
+    main_process = trainer.accelerator.is_main_process
+    if main_process:
+        run.write_config(config.to_json_string())
     trainer.train(resume_from_checkpoint=resume)
     history = trainer.state.log_history
     split = trainer.phase_seconds
-    (out / WALL_TIME).write_text(json.dumps(split, indent=2) + "\n")
     curves = {"reward": reward_points(history)}
     curves.update({task: reward_points(history, f"ocr/{task}/reward") for task in TASKS})
-    plot_rewards(curves, out / REWARD_PNG)
+    if main_process:
+        run.write_wall_time(split)
+        plot_rewards(curves, run.file(REWARD_PNG))
+    trainer.accelerator.wait_for_everyone()  # the files are complete before any process reads them
     probe = next((c for c in trainer.callback_handler.callbacks if isinstance(c, TpfProbeCallback)), None)
-    return {"trainer": trainer, "output_dir": out, "steps": trainer.state.global_step, "rewards": curves["reward"],
-            "tpf": drift_records(history), "wall_time": split, "stopped_at": probe.stopped_at if probe else None,
-            "files": {"reward curve": out / REWARD_PNG, "TPF drift plot": out / DRIFT_PNG,
-                      "metrics": out / METRICS_JSONL, "wall-time split": out / WALL_TIME}}
+    files = {"held-out reward and TPF": "tpf_drift.png", "training reward": REWARD_PNG,
+             "metrics": "metrics.jsonl", "wall-time split": "wall_time.json"}
+    return {"trainer": trainer, "output_dir": run.path, "steps": trainer.state.global_step,
+            "rewards": curves["reward"], "tpf": drift_records(history), "held_out": held_out_change(run),
+            "wall_time": split, "stopped_at": probe.stopped_at if probe else None, "main_process": main_process,
+            "files": {name: run.file(f) for name, f in files.items() if run.file(f).is_file()}}
