@@ -76,7 +76,7 @@ def load_pool(spec: str, skip_bad: bool = False, index_column: str | None = None
             for r in [_row_problem(row, base_dir, has_image)] if r]
     bad.sort(key=lambda b: b.index)
     if bad and not skip_bad:
-        raise PoolError(spec, f"{len(bad)} bad row(s) of {len(rows)} (set skip_bad to leave them out)", bad,
+        raise PoolError(spec, f"{len(bad)} bad row(s) of {len(rows)}; set skip_bad to leave them out", bad,
                         setting="skip_bad")
     for b in bad:
         log.warning("pool %s: skipping row %d: %s", spec, b.index, b.reason)

@@ -51,7 +51,8 @@ def _unknown_key(d):
 
 def _broken_yaml(d):
     (d / "run.yaml").write_text("max_steps: [1, 2\n")
-    return ["train", "--config", str(d / "run.yaml")], [f"{d / 'run.yaml'}: not valid YAML"]
+    return (["train", "--config", str(d / "run.yaml")],
+            [f"{d / 'run.yaml'}: not valid YAML (line 2, column 1: while parsing a flow sequence"])
 
 
 def _missing_config(d):
