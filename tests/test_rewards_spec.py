@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers_anchors import all_references, needs_anchors
+from helpers_anchors import all_references
 from rewards import TASKS, score
 from rewards.formula import canon
 from rewards.gate import degeneration, gate
@@ -21,7 +21,6 @@ ROWS = [[f"{name}", f"{i * 7 % 13}.{i}", f"{i * 3}%", f"n={10 + i}"]
 REF = table(ROWS, head=["name", "value", "share", "count"])
 
 
-@needs_anchors
 @pytest.mark.parametrize("task", TASKS)
 def test_identity_scores_one_for_every_anchor_reference(task):
     for ref in all_references():
@@ -29,7 +28,6 @@ def test_identity_scores_one_for_every_anchor_reference(task):
         assert result.value == 1.0, (task, ref[:80])
 
 
-@needs_anchors
 def test_matching_task_scores_one_on_a_whitespace_variant():
     """Not the identity shortcut: the scorers themselves give 1.0 after normalization."""
     for ref in all_references():

@@ -17,20 +17,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from grpo.commands.train import print_summary
+    from grpo.console import console
     from grpo.training.config import load_config
     from grpo.training.run_dir import RunDir
     from grpo.training.trainer import run_training
 
-    console = Console()
     config = load_config(args.config, {"output_dir": str(args.output_dir), "max_steps": args.max_steps})
     if RunDir(args.output_dir).clear():
         console.print(f"removed the previous demo run in {args.output_dir}", markup=False)
     console.print(f"GRPO on {config.model} with pool {config.pool}: {config.max_steps} steps, "
                   f"{config.generation_batch_size // config.num_generations} prompts x {config.num_generations} "
-                  f"rollouts per step, TPF probe every {config.tpf_every} steps")
+                  f"rollouts per step, TPF probe every {config.tpf_every} steps", markup=False)
     summary = run_training(config)
     print_summary(summary)
     return 0

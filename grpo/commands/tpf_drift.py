@@ -19,13 +19,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
+    from grpo.console import console
     from grpo.training.config import ConfigError
     from grpo.training.drift import remeasure_checkpoints
     from grpo.training.run_dir import RunDir
 
-    console = Console()
     if not args.run_dir.is_dir():
         raise ConfigError(f"{args.run_dir}: no such run folder")
     run_dir = RunDir(args.run_dir)

@@ -41,11 +41,13 @@ def overrides(args: argparse.Namespace) -> dict:
     """Config keys set on the command line: the named flags, then every --set KEY=VALUE."""
     import yaml
 
+    from grpo.errors import UserError
+
     values = {key: getattr(args, key) for key, _, _ in FLAGS.values() if getattr(args, key, None) is not None}
     for assignment in args.assignments:
         key, sep, text = assignment.partition("=")
         if not sep or not key:
-            raise SystemExit(f"--set expects KEY=VALUE, got {assignment!r}")
+            raise UserError(f"--set expects KEY=VALUE, got {assignment!r}")
         values[key.strip()] = yaml.safe_load(text)
     return values
 
@@ -69,14 +71,13 @@ def held_out_table(change: dict):
 
 def print_summary(summary: dict) -> None:
     """The run's outcome (main process only): held-out before/after, TPF per probe, wall-time split, files."""
-    from rich.console import Console
     from rich.table import Table
 
+    from grpo.console import console
     from grpo.training.trainer import PHASES
 
     if not summary["main_process"]:
         return
-    console = Console()
     if summary["held_out"] is not None:
         console.print(held_out_table(summary["held_out"]))
     if summary["tpf"]:
@@ -98,35 +99,34 @@ def print_summary(summary: dict) -> None:
 
 def print_preflight(report) -> None:
     """The facts of a dry run, then its notes; problems are raised by the caller."""
-    from rich.console import Console
+    from grpo.console import console
 
-    console = Console()
     for label, text in report.facts.items():
-        console.print(f"{label}: {text}", highlight=False)
+        console.print(f"{label}: {text}", markup=False, highlight=False)
     for note in report.notes:
-        console.print(f"[yellow]note:[/yellow] {note}", highlight=False)
+        console.print(f"note: {note}", style="yellow", markup=False, highlight=False)
 
 
 def dry_run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
+    from grpo.console import console
     from grpo.training.preflight import preflight
 
     report = preflight(args.config, overrides(args), num_processes=args.num_processes,
                        accelerate_config=args.accelerate_config)
     print_preflight(report)
     report.raise_for_problems()
-    Console().print("[green]dry run: the run would start[/green]")
+    console.print("dry run: the run would start", style="green")
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
     from grpo.training.config import load_config
-    from grpo.training.trainer import run_training
 
     if args.dry_run:
         return dry_run(args)
-    config = load_config(args.config, overrides(args))
+    config = load_config(args.config, overrides(args))  # a config mistake stops here, before vLLM is imported
+    from grpo.training.trainer import run_training
+
     summary = run_training(config, resume=args.resume)
     print_summary(summary)
     return 0 if summary["stopped_at"] is None else 3

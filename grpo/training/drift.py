@@ -104,7 +104,8 @@ def remeasure_checkpoints(run: RunDir, *, probe_set: str | None = None, probe_si
     config = run.read_config()
     probe_set = probe_set or config.get("probe_set")
     if probe_set is None:
-        raise ConfigError(f"{run.path}: no run_config.json to take the probe set from; name the probe set")
+        raise ConfigError(f"{run.path}: no run_config.json to take the probe set from; name the probe set",
+                          setting="probe_set")
     size = probe_size or config.get("probe_size", 24)
     max_new = max_new_tokens or config.get("tpf_max_new_tokens", 512)
     points = run.checkpoints()
