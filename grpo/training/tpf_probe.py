@@ -96,10 +96,12 @@ class TpfProbeCallback(TrainerCallback):
         ranks = sum(1 for _, _, shard in shards if shard)
         if state.is_world_process_zero:
             RunDir(args.output_dir).write_probe_rows(state.global_step, _compact(stats["rows"]))
-        if stats["truncated"]:
+        if stats["truncated"] and state.is_world_process_zero:
             log.warning("TPF probe at step %d: %d of %d outputs reached tpf_max_new_tokens (%d)", state.global_step,
                         stats["truncated"], stats["n"], args.tpf_max_new_tokens)
         metrics = probe_metrics(stats, ranks=ranks)
+        if not state.is_world_process_zero:  # every process holds the same figures; one reports them
+            return metrics
         if "tpf/mean" not in metrics:  # no draft/verify forward at all: every output ended at its first token
             log.warning("TPF probe at step %d: no forwards to count (every output was one token)", state.global_step)
         else:
