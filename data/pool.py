@@ -15,12 +15,14 @@ Example:
 from __future__ import annotations
 
 import base64
+import glob
 import io
 import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from grpo.errors import MissingFileError, UserError
 from rewards import TASKS
 
 log = logging.getLogger(__name__)
@@ -35,14 +37,14 @@ class BadRow:
     reason: str
 
 
-class PoolError(ValueError):
+class PoolError(UserError, ValueError):
     """A pool that cannot be used: missing columns, or malformed rows (`.bad` lists every one)."""
 
-    def __init__(self, spec: str, message: str, bad: list[BadRow] | None = None):
+    def __init__(self, spec: str, message: str, bad: list[BadRow] | None = None, setting: str | None = None):
         self.bad = bad or []
         lines = [f"prompt pool {spec}: {message}"]
         lines += [f"  row {b.index}: {b.reason}" for b in self.bad]
-        super().__init__("\n".join(lines))
+        super().__init__("\n".join(lines), setting=setting)
 
 
 def load_pool(spec: str, skip_bad: bool = False, index_column: str | None = None):
@@ -74,7 +76,8 @@ def load_pool(spec: str, skip_bad: bool = False, index_column: str | None = None
             for r in [_row_problem(row, base_dir, has_image)] if r]
     bad.sort(key=lambda b: b.index)
     if bad and not skip_bad:
-        raise PoolError(spec, f"{len(bad)} bad row(s) of {len(rows)} (use --skip-bad to leave them out)", bad)
+        raise PoolError(spec, f"{len(bad)} bad row(s) of {len(rows)}; set skip_bad to leave them out", bad,
+                        setting="skip_bad")
     for b in bad:
         log.warning("pool %s: skipping row %d: %s", spec, b.index, b.reason)
     bad_index = {b.index for b in bad}
@@ -107,7 +110,9 @@ def as_prompts(ds, is_vlm: bool):
         return ds
     if "image" not in ds.column_names:
         raise PoolError("(in memory)", "a vision-language policy needs an image column; this pool is text-only")
-    return ds.map(lambda row: {"prompt": [{"role": "user", "content": row["prompt"]}]})
+    from grpo.prompting import user_turn
+
+    return ds.map(lambda row: {"prompt": user_turn(row["prompt"])})
 
 
 def _read(spec: str):
@@ -124,9 +129,10 @@ def _read(spec: str):
         return ds, path, []
     if path.suffix in (".parquet", ".jsonl"):
         if not path.is_file():
-            raise FileNotFoundError(f"prompt pool {spec}: no such file")
+            raise MissingFileError(f"prompt pool {spec}: no such file")
         if path.suffix == ".parquet":
-            return Dataset.from_parquet(str(path)), path.parent, []
+            # datasets reads its argument as a glob: a folder named like `[exp1]` must not be a pattern
+            return Dataset.from_parquet(glob.escape(str(path))), path.parent, []
         return (*_read_jsonl(path), )
     from data.synthetic import SPLITS, build_split
 

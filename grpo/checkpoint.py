@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from grpo.errors import UserError
+
 logger = logging.getLogger(__name__)
 
 MASK_TOKEN = "<|mask|>"
@@ -28,7 +30,7 @@ TINY_MODEL = Path(__file__).resolve().parent.parent / "data" / "tiny" / "model"
 VLM_MODEL_TYPES = ("glm_ocr",)
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint folder that cannot serve the requested use; the message names the file and field."""
 
 

@@ -2,6 +2,10 @@
 
 Each command module exposes `HELP` (one line), `add_arguments(parser)` and `run(args) -> int`.
 Command modules import heavy libraries (torch, vLLM) inside `run`, so `--help` stays fast.
+
+`main` is the one boundary between people and the library: a `grpo.errors.UserError` from any command
+becomes one `error: ...` line on stderr and exit code 2 (its traceback only with `-v`). Argparse's own
+usage errors exit 2 as well.
 """
 from __future__ import annotations
 
@@ -9,6 +13,10 @@ import argparse
 import importlib
 import logging
 import sys
+
+from grpo.errors import UserError
+
+USER_ERROR_EXIT = 2  # the exit code of a user mistake, as argparse's usage errors
 
 # subcommand name -> module under grpo.commands (the only list of subcommands)
 COMMANDS = {
@@ -34,15 +42,32 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(f"grpo.commands.{module_name}")
         command = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(command)
-        command.set_defaults(run=module.run)
+        command.set_defaults(run=module.run, parser=command)
     return parser
+
+
+def flag_hint(parser: argparse.ArgumentParser, setting: str | None) -> str:
+    """` (flag --skip-bad)` when the command has a flag for the library setting `setting`, else ``."""
+    flags = [a.option_strings[-1] for a in parser._actions if a.dest == setting and a.option_strings]
+    return f" (flag {flags[0]})" if flags else ""
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
-    return args.run(args) or 0
+    try:
+        return args.run(args) or 0
+    except UserError as err:
+        import traceback
+
+        from grpo.console import print_error
+
+        if args.verbose:
+            traceback.print_exc()
+        first, newline, rest = str(err).partition("\n")  # the hint ends the first line, before any row list
+        print_error(f"{first}{flag_hint(args.parser, err.setting)}{newline}{rest}")
+        return USER_ERROR_EXIT
 
 
 if __name__ == "__main__":

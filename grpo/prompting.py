@@ -1,4 +1,4 @@
-"""Turn one prompt-pool row (SPEC §3) into model inputs for HF decoding: the only place that does so.
+"""Prompt messages and model inputs for one prompt-pool row (SPEC §3): the only place that builds them.
 
 Text-only policies: the tokenizer applied to `row["prompt"]` as plain text with its default special tokens,
 which is what vLLM `LLM.generate(str)` and TRL do with a plain-string prompt. GLM-OCR: the processor's chat
@@ -37,9 +37,16 @@ def load_image(value: Any) -> Any:
     return value.convert("RGB")
 
 
-def vlm_messages(image: Any, prompt: str) -> list[dict]:
-    """One user turn holding the crop and the task prompt (GLM-OCR's request format)."""
-    return [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": prompt}]}]
+def user_turn(prompt: str, image: Any = None, image_part: str = "image") -> list[dict]:
+    """The one builder of prompt messages: a single user turn with the task prompt, after the crop if any.
+
+    With an image, the content is `[{"type": image_part, image_part: image}, {"type": "text", ...}]`: the HF
+    chat template takes part type "image", vLLM's `LLM.chat` a PIL image as "image_pil". Without one, the
+    content is the plain prompt string, the conversational prompt TRL expects (it inserts the row's image).
+    """
+    if image is None:
+        return [{"role": "user", "content": prompt}]
+    return [{"role": "user", "content": [{"type": image_part, image_part: image}, {"type": "text", "text": prompt}]}]
 
 
 def encode_prompt(processor: Any, row: Mapping[str, Any], is_vlm: bool) -> dict[str, torch.Tensor]:
@@ -53,6 +60,6 @@ def encode_prompt(processor: Any, row: Mapping[str, Any], is_vlm: bool) -> dict[
     if not hasattr(processor, "image_processor"):
         raise ValueError("encoding an image prompt needs the model's processor (with its image processor), "
                          f"got {type(processor).__name__}")
-    messages = vlm_messages(load_image(_field(row, "image")), prompt)
+    messages = user_turn(prompt, load_image(_field(row, "image")))
     return dict(processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                               return_dict=True, return_tensors="pt"))

@@ -113,3 +113,58 @@ def sync_weights(llm, model) -> None:
     weights = ((name, tensor.detach()) for name, tensor in model.state_dict().items())
     llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
     llm.reset_prefix_cache()
+
+
+# Config fields of GLM-OCR (and other Qwen2-VL-style configs) naming the image/video placeholder tokens. None
+# is a valid output token; a sampled `<|image|>` makes the loss forward look for image features it lacks.
+IMAGE_TOKEN_FIELDS = ("image_token_id", "video_token_id", "image_start_token_id", "image_end_token_id",
+                      "video_start_token_id", "video_end_token_id")
+# vLLM clamps logit_bias to [-100, 100]; -100 is its strongest ban (bad_words, when it applies, is -inf).
+_MIN_LOGIT_BIAS = -100.0
+
+
+def image_token_ids(model_config) -> list[int]:
+    """The image/video placeholder token ids of a vision-language config (empty for text-only configs)."""
+    ids = {getattr(model_config, name, None) for name in IMAGE_TOKEN_FIELDS}
+    return sorted(i for i in ids if isinstance(i, int) and not isinstance(i, bool))
+
+
+def ban_tokens_kwargs(token_ids: list[int], tokenizer) -> dict:
+    """vLLM `SamplingParams` keyword arguments under which none of `token_ids` can be sampled.
+
+    TRL bans GLM-OCR's image token only on its HF `generate` path (`suppress_tokens`); its vLLM path passes
+    `GRPOConfig.generation_kwargs` on to `SamplingParams`, so the ban goes there. A token whose text encodes
+    back to exactly its id is a `bad_words` entry (vLLM sets its logit to -inf); any other one gets vLLM's
+    floor bias of -100.
+
+    Example:
+        >>> ban_tokens_kwargs([7], tok)                                  # doctest: +SKIP
+        {'bad_words': ['<|image|>']}
+    """
+    words, bias = [], {}
+    for token_id in token_ids:
+        text = tokenizer.convert_ids_to_tokens(token_id)
+        if isinstance(text, str) and tokenizer.encode(text, add_special_tokens=False) == [token_id]:
+            words.append(text)
+        else:
+            bias[token_id] = _MIN_LOGIT_BIAS
+    kwargs: dict = {}
+    if words:
+        kwargs["bad_words"] = words
+    if bias:
+        kwargs["logit_bias"] = bias
+    return kwargs
+
+
+def merge_sampling_kwargs(user: dict | None, extra: dict) -> dict:
+    """`user` generation kwargs with `extra` added: `bad_words` lists joined, `logit_bias` maps merged (a ban
+    in `extra` wins over the user's bias for the same token); other keys of `extra` only fill gaps."""
+    merged = dict(user or {})
+    for key, value in extra.items():
+        if key == "bad_words":
+            merged[key] = list(dict.fromkeys([*(merged.get(key) or []), *value]))
+        elif key == "logit_bias":
+            merged[key] = {**(merged.get(key) or {}), **value}
+        else:
+            merged.setdefault(key, value)
+    return merged

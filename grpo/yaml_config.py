@@ -8,8 +8,10 @@ import difflib
 from pathlib import Path
 from typing import Any
 
+from grpo.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A configuration that cannot run; the message names the file or field and the fix."""
 
 
@@ -23,11 +25,20 @@ def read_yaml(path: str | Path, known: set[str]) -> dict[str, Any]:
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({err})") from err
+        raise ConfigError(f"{path}: not valid YAML ({_yaml_problem(err)})") from err
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of config keys, got {type(raw).__name__}")
     check_keys(raw, str(path), known)
     return raw
+
+
+def _yaml_problem(err) -> str:
+    """A YAML parse error on one line: `line L, column C: context, problem`."""
+    mark, problem = getattr(err, "problem_mark", None), getattr(err, "problem", None)
+    if mark is None or problem is None:
+        return " ".join(str(err).split())
+    context = f"{err.context}, " if getattr(err, "context", None) else ""
+    return f"line {mark.line + 1}, column {mark.column + 1}: {context}{problem}"
 
 
 def check_keys(values: dict[str, Any], source: str, known: set[str]) -> None:

@@ -1,6 +1,10 @@
-"""Table reward (SPEC §4), on OmniDocBench-normalized HTML:
+"""Table reward (SPEC §4), on OmniDocBench-normalized HTML, with `base = (0.45*TEDS_s + 0.55*s_cell) *
+(1 - p_row) * (1 - p_loop)` and the shape bonus `b = 0.05*[R^ = R] + 0.05*[C^ = C]` read one of two ways
+(`table_bonus`):
 
-`clip01((0.45*TEDS_s + 0.55*s_cell) * (1 - p_row) * (1 - p_loop) + 0.05*[R^ = R] + 0.05*[C^ = C])`
+- `clipped` (the formula as published): `clip01(base + b)`. An imperfect table of the right shape with
+  base >= 0.9 scores exactly 1.0, tied with a perfect one: its group advantage vanishes;
+- `scaled`: `(clip01(base) + b) / 1.1`. A perfect table still scores 1.0, and every imperfect one less.
 
 - a prediction whose last `<table` has no later `</table>` scores 0 (checked on the raw string, since
   parsers close tables silently);
@@ -26,6 +30,7 @@ SHAPE_BONUS = 0.05       # each of "same row count" and "same column count"
 NO_TABLE_FACTOR = 0.15   # share of the text similarity a table-less output keeps
 MAX_COLSPAN = 1000       # a larger colspan counts as this many columns
 CELL_SEPARATOR = "\t"    # between cells in s_cell and in row keys (cell texts have no tabs)
+TABLE_BONUS = ("clipped", "scaled")  # readings of the shape bonus (module docstring)
 
 
 @dataclass(frozen=True)
@@ -87,8 +92,14 @@ def _visible_text(raw: str, parsed: ParsedTable | None) -> str:
     return normalize_text(" ".join(cell for row in parsed.rows for cell in row) if parsed else raw)
 
 
-def score_table(pred: str, ref: str) -> tuple[float, dict[str, float]]:
-    """Base reward (before the gate) and its components.
+def check_table_bonus(table_bonus: str) -> None:
+    """Raise a ValueError naming the valid readings when `table_bonus` is not one of them."""
+    if table_bonus not in TABLE_BONUS:
+        raise ValueError(f"unknown table_bonus {table_bonus!r}; valid: {', '.join(TABLE_BONUS)}")
+
+
+def score_table(pred: str, ref: str, table_bonus: str = "clipped") -> tuple[float, dict[str, float]]:
+    """Reward before the gate, with the shape bonus read as `table_bonus`, and its components.
 
     >>> score_table("<table><tr><td>1</td><td>2</td></tr>", "<table><tr><td>1</td></tr></table>")
     (0.0, {'unclosed': 1.0})
@@ -116,7 +127,11 @@ def score_table(pred: str, ref: str) -> tuple[float, dict[str, float]]:
     p_loop = min(1.0, loop_excess(pred_table.row_keys, ref_table.row_keys) / max(ref_rows, 1))
     bonus_rows = SHAPE_BONUS * (n_rows == ref_rows)
     bonus_cols = SHAPE_BONUS * (pred_table.n_cols == ref_table.n_cols)
-    value = (W_TEDS * teds_s + W_CELL * s_cell) * (1 - p_row) * (1 - p_loop) + bonus_rows + bonus_cols
+    base = (W_TEDS * teds_s + W_CELL * s_cell) * (1 - p_row) * (1 - p_loop)
+    if table_bonus == "clipped":
+        value = base + bonus_rows + bonus_cols
+    else:
+        value = (min(1.0, max(0.0, base)) + bonus_rows + bonus_cols) / (1 + 2 * SHAPE_BONUS)
     components.update(teds_s=teds_s, s_cell=s_cell, p_row=p_row, p_loop=p_loop,
                       bonus_rows=bonus_rows, bonus_cols=bonus_cols,
                       rows=float(n_rows), rows_ref=float(ref_rows),

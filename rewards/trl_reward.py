@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from rewards.gate import check_gate
 from rewards.result import RewardResult
 from rewards.scoring import check_task, score
+from rewards.table import check_table_bonus
 
 log = logging.getLogger(__name__)
 
@@ -75,14 +76,14 @@ def _timed_out(task: str) -> RewardResult:
     return RewardResult(TIMEOUT_SCORE, {"timeout": 1.0}, task)
 
 
-def _score_chunk(chunk: list[tuple[int, str, str, str]], gate: str, timeout_s: float):
+def _score_chunk(chunk: list[tuple[int, str, str, str]], gate: str, table_bonus: str, timeout_s: float):
     """Score (key, pred, ref, task) items; returns [(key, RewardResult)]."""
     out = []
     for key, pred, ref, task in chunk:
         alarm = _Alarm(timeout_s)
         try:
             with alarm:
-                result = score(pred, ref, task, gate)
+                result = score(pred, ref, task, gate, table_bonus)
         except _Timeout:
             pass
         if alarm.expired:
@@ -147,13 +148,15 @@ def _validate(preds: Sequence, refs: Sequence, tasks: Sequence) -> None:
 
 def score_many(preds: Sequence[str], refs: Sequence[str], tasks: Sequence[str], gate: str = "relative",
                workers: int | None = None, timeout_s: float = TIMEOUT_S,
-               on_progress: Callable[[int, int], None] | None = None) -> list[RewardResult]:
+               on_progress: Callable[[int, int], None] | None = None,
+               table_bonus: str = "clipped") -> list[RewardResult]:
     """`score` over a batch: deduplicated, grouped by reference, in worker processes when it pays.
 
     `on_progress(done, total)` is called as groups finish (counts of distinct items).
     """
     _validate(preds, refs, tasks)
     check_gate(gate)
+    check_table_bonus(table_bonus)
     keys: dict[tuple[str, str, str], int] = {}
     index_keys = [keys.setdefault((pred, ref, task), len(keys)) for pred, ref, task in zip(preds, refs, tasks)]
     items = [(key, pred, ref, task) for (pred, ref, task), key in keys.items()]
@@ -167,11 +170,12 @@ def score_many(preds: Sequence[str], refs: Sequence[str], tasks: Sequence[str], 
 
     if workers == 1 or len(items) < MIN_PARALLEL:
         for chunk in _chunks(items, size=len(items) or 1):
-            collect(_score_chunk(chunk, gate, timeout_s))
+            collect(_score_chunk(chunk, gate, table_bonus, timeout_s))
     else:
         chunks = _chunks(items, size=math.ceil(len(items) / (4 * workers)))
         deadline = time.monotonic() + timeout_s * (math.ceil(len(items) / workers) + 2) + POOL_START_S
-        finished = _pool(workers).imap_unordered(_score_chunk_args, [(c, gate, timeout_s) for c in chunks])
+        finished = _pool(workers).imap_unordered(_score_chunk_args,
+                                                 [(c, gate, table_bonus, timeout_s) for c in chunks])
         try:
             for _ in chunks:
                 collect(finished.next(timeout=max(0.0, deadline - time.monotonic())))
@@ -222,14 +226,17 @@ class OcrReward:
     [1.0]
     """
 
-    def __init__(self, gate: str = "relative", workers: int | None = None, timeout_s: float = TIMEOUT_S):
+    def __init__(self, gate: str = "relative", workers: int | None = None, timeout_s: float = TIMEOUT_S,
+                 table_bonus: str = "clipped"):
         check_gate(gate)
-        self.gate, self.workers, self.timeout_s = gate, workers, timeout_s
+        check_table_bonus(table_bonus)
+        self.gate, self.workers, self.timeout_s, self.table_bonus = gate, workers, timeout_s, table_bonus
         self.__name__ = "ocr_reward"
 
     def __call__(self, prompts, completions, target, task_type, log_metric=None, **kwargs) -> list[float]:
         texts = [completion_text(c) for c in completions]
-        results = score_many(texts, target, task_type, self.gate, self.workers, self.timeout_s)
+        results = score_many(texts, target, task_type, self.gate, self.workers, self.timeout_s,
+                             table_bonus=self.table_bonus)
         if log_metric is not None:
             log_means(results, log_metric)
         return [result.value for result in results]

@@ -1,13 +1,10 @@
-"""Loading of the held-out anchors in `../shared/anchors/data/` (beside the repository root)."""
+"""Loading of the held-out anchors vendored in `tests/fixtures/anchors/` (sources and licenses in its README)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import pytest
-
-ANCHORS = Path(__file__).resolve().parents[1].parent / "shared" / "anchors" / "data"
-needs_anchors = pytest.mark.skipif(not ANCHORS.is_dir(), reason=f"anchors folder {ANCHORS} is absent")
+ANCHORS = Path(__file__).resolve().parent / "fixtures" / "anchors"
 
 
 def load(name: str):

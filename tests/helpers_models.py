@@ -65,21 +65,23 @@ def build_text_checkpoint(out_dir: Path, bd_size: int = 8, seed: int = 0, hidden
     return _save_joint(model, tok, out_dir, bd_size)
 
 
-def build_glmocr_checkpoint(out_dir: Path, bd_size: int = 8, seed: int = 0, init_std: float = 0.2) -> Path:
-    """Random tiny GlmOcrForConditionalGeneration + tokenizer with image tokens + `<|mask|>`, joint format."""
+def build_glmocr_checkpoint(out_dir: Path, bd_size: int = 8, seed: int = 0, init_std: float = 0.2,
+                            head_dim: int = 16) -> Path:
+    """Random tiny GlmOcrForConditionalGeneration + tokenizer with image tokens + `<|mask|>`, joint format.
+    `head_dim` 32 or more for vLLM's CUDA attention kernels."""
     from transformers import GlmOcrConfig, GlmOcrForConditionalGeneration
 
     out_dir = Path(out_dir)
     tok = build_char_tokenizer(out_dir / "_tokenizer", extra_special=IMAGE_TOKENS)
     ids = dict(zip(IMAGE_TOKENS, tok.convert_tokens_to_ids(list(IMAGE_TOKENS))))
     torch.manual_seed(seed)
-    head_dim = 16  # mrope_section sums to head_dim / 2
+    mrope_section = [head_dim // 8, 3 * head_dim // 16, head_dim // 2 - head_dim // 8 - 3 * head_dim // 16]
     config = GlmOcrConfig(
         text_config=dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
                          max_position_embeddings=4096, initializer_range=init_std,
                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                          "mrope_section": [2, 3, 3], "partial_rotary_factor": 1.0},
+                                          "mrope_section": mrope_section, "partial_rotary_factor": 1.0},
                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id),
         vision_config=dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64,
                            patch_size=2, temporal_patch_size=1, spatial_merge_size=2, image_size=16),

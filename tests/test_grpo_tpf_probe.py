@@ -9,13 +9,18 @@ import pytest
 from transformers import TrainerControl
 
 from grpo.training.config import load_config
-from grpo.training.tpf_probe import DRIFT_JSONL, DRIFT_PNG, TpfProbeCallback, drift_records, probe_metrics, write_drift
+from grpo.training.drift import drift_records, held_out_change, paired_interval, probe_metrics
+from grpo.training.run_dir import DRIFT_JSONL, DRIFT_PNG, RunDir
+from grpo.training.tpf_probe import TpfProbeCallback
 
-STATS = {"tpf": 3.2, "accepted_per_round": 4.5, "ar_equal_rate": 1.0, "n": 6,
-         "by_task": {"text": {"tpf": 2.5}, "table": {"tpf": 4.0}, "formula": {"tpf": 3.0}}}
+STATS = {"tpf": 3.2, "accepted_per_round": 4.5, "ar_equal_rate": 1.0, "n": 6, "truncated": 0, "reward": 0.8,
+         "exact_rate": 0.5,
+         "by_task": {"text": {"tpf": 2.5, "reward": 0.7}, "table": {"tpf": 4.0, "reward": 0.9},
+                     "formula": {"tpf": 3.0, "reward": None}}}
 HISTORY = [
     {"step": 0, "tpf/mean": 3.2, "tpf/accepted_per_round": 4.5, "tpf/ar_equal_rate": 1.0, "tpf/text": 2.5,
-     "tpf/table": 4.0},
+     "tpf/table": 4.0, "tpf/n": 6.0, "tpf/ranks": 2.0, "tpf/truncated": 0.0, "eval/reward": 0.8,
+     "eval/text/reward": 0.7, "eval/table/reward": 0.9, "eval/exact": 0.5},
     {"step": 1, "loss": 0.1, "reward": 0.55},
     {"step": 2, "loss": 0.2, "reward": 0.61, "tpf/mean": 3.1, "tpf/accepted_per_round": 4.2, "tpf/text": 2.4},
     {"step": 3, "loss": 0.1, "reward": 0.64},
@@ -23,26 +28,63 @@ HISTORY = [
 
 
 def test_probe_metrics_names_and_drops_missing():
-    assert probe_metrics(STATS) == {"tpf/mean": 3.2, "tpf/accepted_per_round": 4.5, "tpf/ar_equal_rate": 1.0,
-                                    "tpf/text": 2.5, "tpf/table": 4.0, "tpf/formula": 3.0}
+    assert probe_metrics(STATS, ranks=2) == {
+        "tpf/mean": 3.2, "tpf/accepted_per_round": 4.5, "tpf/ar_equal_rate": 1.0, "tpf/truncated": 0.0,
+        "tpf/n": 6.0, "tpf/ranks": 2.0, "tpf/text": 2.5, "tpf/table": 4.0, "tpf/formula": 3.0,
+        "eval/reward": 0.8, "eval/exact": 0.5, "eval/text/reward": 0.7, "eval/table/reward": 0.9}
     assert "tpf/ar_equal_rate" not in probe_metrics({**STATS, "ar_equal_rate": None})  # compare_ar off
 
 
-def test_drift_records_carry_the_reward_logged_with_or_before_the_probe():
+def test_drift_records_carry_tpf_held_out_reward_and_the_training_reward_logged_with_or_before_the_probe():
     assert drift_records(HISTORY) == [
-        {"step": 0, "tpf": 3.2, "accepted_per_round": 4.5, "ar_equal_rate": 1.0,
-         "tpf_by_task": {"text": 2.5, "table": 4.0}, "reward": None},
-        {"step": 2, "tpf": 3.1, "accepted_per_round": 4.2, "ar_equal_rate": None,
-         "tpf_by_task": {"text": 2.4}, "reward": 0.61},
+        {"step": 0, "tpf": 3.2, "tpf_by_task": {"table": 4.0, "text": 2.5}, "accepted_per_round": 4.5,
+         "ar_equal_rate": 1.0, "eval_reward": 0.8, "eval_reward_by_task": {"table": 0.9, "text": 0.7},
+         "eval_exact": 0.5, "n": 6, "ranks": 2, "truncated": 0, "reward": None},
+        {"step": 2, "tpf": 3.1, "tpf_by_task": {"text": 2.4}, "accepted_per_round": 4.2, "ar_equal_rate": None,
+         "eval_reward": None, "eval_reward_by_task": {}, "eval_exact": None, "n": None, "ranks": None,
+         "truncated": None, "reward": 0.61},
     ]
 
 
 def test_write_drift_rewrites_the_files(tmp_path):
     (tmp_path / DRIFT_JSONL).write_text('{"step": 99, "tpf": 1.0}\n')  # stale lines of an earlier attempt
-    png = write_drift(drift_records(HISTORY), HISTORY, tmp_path)
+    png = RunDir(tmp_path).write_drift(drift_records(HISTORY))
     lines = [json.loads(line) for line in (tmp_path / DRIFT_JSONL).open()]
     assert [r["step"] for r in lines] == [0, 2]
     assert png == tmp_path / DRIFT_PNG and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_metrics_file_appends_then_rewrites_on_a_new_process(tmp_path):
+    run = RunDir(tmp_path)
+    written = run.write_metrics(HISTORY[:1], -1)
+    written = run.write_metrics(HISTORY[:2], written)
+    assert run.read_metrics() == HISTORY[:2] and written == 2
+    run.write_metrics(HISTORY, -1)  # a resumed process writes the whole restored history
+    assert run.read_metrics() == HISTORY
+
+
+def test_paired_interval_of_a_constant_gain_is_that_gain():
+    c = paired_interval([0.5, 0.6, 0.7], [0.55, 0.65, 0.75])
+    assert c["diff"] == pytest.approx(0.05) and c["low"] == pytest.approx(0.05) and c["high"] == pytest.approx(0.05)
+    c = paired_interval([0.0] * 50 + [1.0] * 50, [1.0] * 50 + [0.0] * 50)  # no mean change, wide spread
+    assert c["diff"] == 0 and c["low"] < -0.1 and c["high"] > 0.1
+    with pytest.raises(ValueError, match="paired"):
+        paired_interval([0.1], [0.1, 0.2])
+
+
+def test_held_out_change_pairs_the_first_and_last_probe_by_prompt(tmp_path):
+    run = RunDir(tmp_path)
+    row = {"tokens": 8, "forwards": 2, "rounds": 1, "accepted": [6], "truncated": False, "ar_equal": True,
+           "exact": False}
+    run.write_probe_rows(0, [dict(row, index=i, task="text" if i % 2 else "table", reward=0.5) for i in range(4)])
+    run.write_probe_rows(5, [dict(row, index=i, task="text", reward=0.1) for i in range(4)])
+    run.write_probe_rows(5, [dict(row, index=i, task="text" if i % 2 else "table", reward=0.5 + 0.1 * (i % 2),
+                                  forwards=4) for i in range(4)])  # a rerun of step 5 replaces it
+    change = held_out_change(run)
+    assert change["steps"] == (0, 5) and len(run.read_probe_rows()) == 2
+    assert change["all"]["diff"] == pytest.approx(0.05) and change["all"]["n"] == 4
+    assert change["text"]["diff"] == pytest.approx(0.1) and change["table"]["diff"] == pytest.approx(0.0)
+    assert change["all"]["tpf"] == (4.0, 2.0)
 
 
 def _floor(tmp_path, action, tpfs):

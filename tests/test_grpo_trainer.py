@@ -125,6 +125,15 @@ def test_run_logs_rewards_components_and_tpf(run):
         assert entry["tpf/mean"] >= 1.0  # each round commits >= 2 tokens for 2 forwards
         assert 0 <= entry["tpf/ar_equal_rate"] <= 1
         assert {"tpf/accepted_per_round", "tpf/text", "tpf/table", "tpf/formula"} <= set(entry)
+        assert 0 <= entry["eval/reward"] <= 1 and entry["tpf/n"] == 3 and entry["tpf/ranks"] == 1
+        assert {"eval/exact", "eval/text/reward", "eval/table/reward", "eval/formula/reward"} <= set(entry)
+    # the held-out figures come from the probe rows kept in the run folder: step 0 against the last probe
+    change = summary["held_out"]
+    assert change["steps"] == (0, MAX_STEPS) and change["all"]["n"] == 3
+    assert change["all"]["before"] == pytest.approx(probes[0]["eval/reward"])
+    assert change["all"]["after"] == pytest.approx(probes[-1]["eval/reward"])
+    drift = [json.loads(line) for line in (summary["output_dir"] / "tpf_drift.jsonl").open()]
+    assert [d["eval_reward"] for d in drift] == [e["eval/reward"] for e in probes]
     record = summary["tpf"][-1]
     assert record["reward"] == trained[-1]["reward"]  # the drift record carries its step's mean reward
     for name, path in summary["files"].items():

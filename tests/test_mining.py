@@ -4,7 +4,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +14,7 @@ from grpo.mining.selection import INDEX, PREFER, STAT_COLUMNS, RankRule, is_drop
 from grpo.mining.store import MiningError, MiningStore
 
 ORIGINAL = ["prompt", "target", "task_type"]
+ROOT = str(Path(__file__).resolve().parents[1])  # the child imports this checkout's grpo, from any cwd
 
 
 # ------------------------------------------------------------------------------------------- no model
@@ -62,7 +63,7 @@ def test_prompt_stats_values():
 def test_bad_settings_are_refused(tmp_path):
     assert parse_shard("2/4") == (2, 4)
     for text in ("4/4", "a/b", "1"):
-        with pytest.raises(ValueError, match="--shard"):
+        with pytest.raises(MiningError, match="shard"):
             parse_shard(text)
     with pytest.raises(ValueError, match="at least 2 rollouts"):
         MineConfig(model="m", data="d", out="o", k=1)
@@ -177,6 +178,24 @@ def test_shards_merge_to_the_unsharded_result(tmp_path, ckpt, llm):
     assert summary["counts"]["all"]["mined"] == 10
 
 
+# The child mines through the CLI and SIGKILLs itself right after its KILL_AFTER-th part file is written:
+# a deterministic point mid-run, set from the outside (the production code has no hook for it).
+KILL_AFTER = 3
+KILLED_CHILD = """
+import os, signal, sys
+from grpo.cli import main
+from grpo.mining.store import MiningStore
+write_part, written = MiningStore.write_part, []
+def write_then_die(self, records):
+    write_part(self, records)
+    written.append(len(records))
+    if len(written) == int(os.environ["KILL_AFTER"]):
+        os.kill(os.getpid(), signal.SIGKILL)
+MiningStore.write_part = write_then_die
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 @pytest.mark.slow
 def test_kill_and_resume_loses_and_repeats_nothing(tmp_path, ckpt, llm):
     from datasets import load_from_disk
@@ -184,18 +203,14 @@ def test_kill_and_resume_loses_and_repeats_nothing(tmp_path, ckpt, llm):
     data = _pool(tmp_path, 24)
     kw = {"chunk_size": 1, "max_tokens": 32}
     killed = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "grpo.cli", "mine", "--model", str(ckpt), "--data", data, "--out", str(killed),
+    cmd = [sys.executable, "-c", KILLED_CHILD, "mine", "--model", str(ckpt), "--data", data, "--out", str(killed),
            "--k", "4", "--max-tokens", "32", "--chunk-size", "1", "--dtype", "float32", "--no-progress"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    parts = killed / "mining" / "parts"
-    deadline = time.monotonic() + 300
-    while not list(parts.glob("part-*.jsonl")) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    mined_before = len(MiningStore(killed).read_parts())
-    assert not MiningStore(killed).done.exists() and 0 < mined_before < 24, "the kill must land mid-run"
+    proc = subprocess.run(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "KILL_AFTER": str(KILL_AFTER),
+                               "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert not MiningStore(killed).done.exists()
+    assert len(MiningStore(killed).read_parts()) == KILL_AFTER  # chunk_size 1: one prompt per part
 
     mine(_cfg(ckpt, data, killed, **kw), llm)  # the rerun, same arguments
     mine(_cfg(ckpt, data, tmp_path / "straight", **kw), llm)

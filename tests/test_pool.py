@@ -1,4 +1,4 @@
-"""Prompt pool loading (SPEC §3): formats, validation naming every bad row, --skip-bad, TRL prompts."""
+"""Prompt pool loading (SPEC §3): formats, validation naming every bad row, skip_bad, TRL prompts."""
 import base64
 import io
 import json
@@ -136,7 +136,7 @@ def test_as_prompts_gives_trl_prompts(tmp_path):
     assert content[0]["image"].size == (3, 4) and content[1]["text"] == GOOD_TEXT[1]["prompt"]
 
 
-def test_pool_stats_command(tmp_path):
+def test_pool_stats_command(tmp_path, capsys):
     from grpo.cli import main
 
     rows = [{"prompt": "p", "target": "x" * n, "task_type": t}
@@ -149,8 +149,9 @@ def test_pool_stats_command(tmp_path):
     assert (tmp_path / "h.png").stat().st_size > 0
 
     _write_jsonl(path, rows + [{"prompt": "p", "target": "t", "task_type": "chart"}])
-    with pytest.raises(SystemExit, match="row 5: unknown task_type 'chart'"):
-        main(["pool-stats", str(path), "--png", str(tmp_path / "h.png")])
+    capsys.readouterr()
+    assert main(["pool-stats", str(path), "--png", str(tmp_path / "h.png")]) == 2
+    assert "row 5: unknown task_type 'chart'" in capsys.readouterr().err
 
 
 def test_bad_rows_in_a_parquet_pool_with_image_bytes(tmp_path):

@@ -48,6 +48,7 @@ def test_component_means_go_to_log_metric():
     assert logged["ocr/table/unclosed"] == 1.0            # only the unclosed one has the component
     assert logged["ocr/table/teds_s"] == pytest.approx((1.0 + table_values[1].components["teds_s"]) / 2)
     assert logged["ocr/formula/v"] == 1.0
+    assert logged["ocr/table/saturated"] == 0.0  # two non-identical tables, neither at 1.0
     assert logged["ocr/text/sim"] == pytest.approx(score("The quick brown cat", TEXT, "text").components["sim"])
 
 
@@ -78,7 +79,7 @@ def test_bad_rows_are_named():
 
 
 def test_reward_is_picklable_with_its_settings():
-    reward = pickle.loads(pickle.dumps(OcrReward(gate="absolute", workers=1)))
-    assert (reward.__name__, reward.gate, reward.workers) == ("ocr_reward", "absolute", 1)
+    reward = pickle.loads(pickle.dumps(OcrReward(gate="absolute", workers=1, table_bonus="scaled")))
+    assert (reward.__name__, reward.gate, reward.workers, reward.table_bonus) == ("ocr_reward", "absolute", 1, "scaled")
     with pytest.raises(ValueError, match="valid gates"):
         OcrReward(gate="off")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from rapidfuzz.distance import Levenshtein
 
-from helpers_anchors import needs_anchors, omnidoc_elements
+from helpers_anchors import omnidoc_elements
 from rewards.normalize import normalize_formula, normalize_table_html, normalize_text
 
 # anchors README: NED after upstream normalized_formula on both sides, keyed by (page, anno_id)
@@ -17,7 +17,6 @@ FORMULA_NED = {
 }
 
 
-@needs_anchors
 def test_formula_ned_matches_omnidocbench():
     elements = omnidoc_elements("OmniDocBench_demo_formula.json", "equation_isolated")
     assert len(elements) == len(FORMULA_NED)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers_anchors import all_references, needs_anchors
+from helpers_anchors import all_references
 from rewards import TASKS, score
 from rewards.formula import canon
 from rewards.gate import degeneration, gate
@@ -21,7 +21,6 @@ ROWS = [[f"{name}", f"{i * 7 % 13}.{i}", f"{i * 3}%", f"n={10 + i}"]
 REF = table(ROWS, head=["name", "value", "share", "count"])
 
 
-@needs_anchors
 @pytest.mark.parametrize("task", TASKS)
 def test_identity_scores_one_for_every_anchor_reference(task):
     for ref in all_references():
@@ -29,7 +28,6 @@ def test_identity_scores_one_for_every_anchor_reference(task):
         assert result.value == 1.0, (task, ref[:80])
 
 
-@needs_anchors
 def test_matching_task_scores_one_on_a_whitespace_variant():
     """Not the identity shortcut: the scorers themselves give 1.0 after normalization."""
     for ref in all_references():
@@ -154,3 +152,30 @@ def test_unknown_task_and_gate_name_the_valid_ones():
         score("a", "a", "image")
     with pytest.raises(ValueError, match="valid gates: relative, absolute"):
         score("a", "a", "text", gate="none")
+
+
+def test_scaled_table_bonus_ranks_a_near_perfect_table_below_the_exact_one():
+    """One wrong cell of 32: base >= 0.9 with the right shape is 1.0 under `clipped` (a tie with the exact
+    table, flagged `saturated`), and (clip01(base) + 0.1) / 1.1 < 1 under `scaled`."""
+    pred = table([row if i != 2 else ["gamma", "9.9", "1%", "n=0"] for i, row in enumerate(ROWS)],
+                 head=["name", "value", "share", "count"])
+    clipped = score(pred, REF, "table")
+    scaled = score(pred, REF, "table", table_bonus="scaled")
+    c = scaled.components
+    base = (0.45 * c["teds_s"] + 0.55 * c["s_cell"]) * (1 - c["p_row"]) * (1 - c["p_loop"])
+    assert base >= 0.9 and clipped.value == 1.0 and clipped.components["saturated"] == 1.0
+    assert scaled.value == pytest.approx((min(1.0, base) + 0.1) / 1.1 * c["g"]) and scaled.value < 1.0
+    assert scaled.components["saturated"] == 0.0
+    assert score(REF, REF, "table", table_bonus="scaled").value == 1.0  # identity stays 1.0
+    assert "saturated" not in score(REF, REF, "table").components       # only non-identical tables count
+    with pytest.raises(ValueError, match="valid: clipped, scaled"):
+        score(pred, REF, "table", table_bonus="half")
+
+
+def test_scaled_bonus_keeps_the_order_of_imperfect_tables():
+    """Moving the bonus out of the clip rescales without reordering tables the clip did not reach."""
+    worse = table(ROWS[:6], head=["name", "value", "share", "count"])          # two rows missing
+    bad = table(ROWS[:3], head=["name", "value", "share", "count"])            # five rows missing
+    for reading in ("clipped", "scaled"):
+        assert score(bad, REF, "table", table_bonus=reading).value < score(worse, REF, "table",
+                                                                            table_bonus=reading).value < 1.0

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rapidfuzz.distance import Levenshtein
 
-from helpers_anchors import needs_anchors, omnidoc_elements, pubtabnet_pairs
+from helpers_anchors import omnidoc_elements, pubtabnet_pairs
 from rewards import teds
 from rewards.normalize import normalize_table_html
 from rewards.zhang_shasha import MAX_NODES, TreeTooLarge
@@ -53,7 +53,6 @@ OMNIDOC_TABLES = {
 }
 
 
-@needs_anchors
 @pytest.mark.parametrize("name", sorted(PUBTABNET))
 def test_pubtabnet_reference_values(name):
     pred, gt = pubtabnet_pairs()[name]
@@ -62,7 +61,6 @@ def test_pubtabnet_reference_values(name):
     assert teds(pred, gt, structure_only=True) == pytest.approx(struct, abs=1e-6)
 
 
-@needs_anchors
 @pytest.mark.parametrize("structure_only", [True, False])
 def test_pubtabnet_fast_path_equals_apted(structure_only):
     for name, (pred, gt) in pubtabnet_pairs().items():
@@ -70,7 +68,6 @@ def test_pubtabnet_fast_path_equals_apted(structure_only):
                                                                abs=1e-9), name
 
 
-@needs_anchors
 def test_omnidocbench_tables_after_normalization():
     elements = omnidoc_elements("OmniDocBench_demo_table.json", "table")
     assert len(elements) == len(OMNIDOC_TABLES)

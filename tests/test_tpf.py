@@ -164,4 +164,4 @@ def test_cli_refuses_checkpoint_without_drafter(text_dir, rows, tmp_path, capsys
     (plain / BD_FILE).unlink()
     pool = _write_pool(tmp_path / "pool.jsonl", rows)
     assert main(["tpf", "--model", str(plain), "--data", str(pool)]) == 2
-    assert "block_diffusion.json is missing" in capsys.readouterr().out
+    assert "block_diffusion.json is missing" in capsys.readouterr().err

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import shutil
 from pathlib import Path
 
 HELP = "the main job: a few minutes of GRPO on the tiny default with colocated vLLM; prints where the results are"
@@ -18,22 +17,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from grpo.commands.train import print_summary
+    from grpo.console import console
     from grpo.training.config import load_config
-    from grpo.training.trainer import RUN_CONFIG, run_training
+    from grpo.training.run_dir import RunDir
+    from grpo.training.trainer import run_training
 
-    console = Console()
     config = load_config(args.config, {"output_dir": str(args.output_dir), "max_steps": args.max_steps})
-    if args.output_dir.exists() and any(args.output_dir.iterdir()):
-        if not (args.output_dir / RUN_CONFIG).is_file():
-            raise SystemExit(f"{args.output_dir} is not empty and holds no previous run; choose another --output-dir")
-        console.print(f"removing the previous demo run in {args.output_dir}")
-        shutil.rmtree(args.output_dir)
+    if RunDir(args.output_dir).clear():
+        console.print(f"removed the previous demo run in {args.output_dir}", markup=False)
     console.print(f"GRPO on {config.model} with pool {config.pool}: {config.max_steps} steps, "
                   f"{config.generation_batch_size // config.num_generations} prompts x {config.num_generations} "
-                  f"rollouts per step, TPF probe every {config.tpf_every} steps")
+                  f"rollouts per step, TPF probe every {config.tpf_every} steps", markup=False)
     summary = run_training(config)
     print_summary(summary)
     return 0

@@ -21,12 +21,11 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from rich.console import Console
-
+    from grpo.console import console, escape
     from grpo.joint.train import JointConfig, load_config, train_joint
 
     overrides = {name: getattr(args, name, None) for name in JointConfig.__dataclass_fields__}
     cfg = load_config(args.config, **overrides)
     out = train_joint(cfg)
-    Console().print(f"[green]joint checkpoint written to {out}[/green]")
+    console.print(f"[green]joint checkpoint written to {escape(str(out))}[/green]")
     return 0

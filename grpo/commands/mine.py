@@ -51,11 +51,13 @@ def _rank_rule(args: argparse.Namespace):
     return dataclasses.replace(PREFER[args.prefer], **overrides)
 
 
-def print_summary(console, summary: dict, out: str) -> None:
+def print_summary(summary: dict, out: str) -> None:
     """The per-task counts table and where the report went (shared with mine-merge)."""
     from rich.table import Table
 
-    table = Table(title=f"mined into {out}")
+    from grpo.console import console, escape
+
+    table = Table(title=f"mined into {escape(str(out))}")
     keys = ("mined", "dropped_zero_variance", "ranked_out", "kept")
     for column in ("task", *keys):
         table.add_column(column, justify="left" if column == "task" else "right")
@@ -63,29 +65,17 @@ def print_summary(console, summary: dict, out: str) -> None:
         table.add_row(task, *(str(row[k]) for k in keys))
     console.print(table)
     console.print(f"truncated rollouts: {summary['truncated_rollouts']}; histograms: "
-                  f"{summary['reward_mean_png']}, {summary['reward_std_png']}")
+                  f"{summary['reward_mean_png']}, {summary['reward_std_png']}", markup=False)
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from grpo.mining.miner import MineConfig, mine, parse_shard
 
-    try:
-        cfg = MineConfig(model=args.model, data=args.data, out=args.out, k=args.k, temperature=args.temperature,
-                         max_tokens=args.max_tokens, min_std=args.min_std, rank=_rank_rule(args), keep=args.keep,
-                         shard=parse_shard(args.shard), seed=args.seed, chunk_size=args.chunk_size,
-                         skip_bad=args.skip_bad, hf_generate=args.hf_generate, max_model_len=args.max_model_len,
-                         gpu_memory_utilization=args.gpu_memory_utilization, dtype=args.dtype,
-                         progress=not args.no_progress)
-    except ValueError as err:
-        raise SystemExit(str(err)) from None
-    from data.pool import PoolError
-    from grpo.mining.store import MiningError
-
-    try:
-        summary = mine(cfg)
-    except (PoolError, MiningError) as err:
-        raise SystemExit(str(err)) from None
-    print_summary(Console(), summary, args.out)
+    cfg = MineConfig(model=args.model, data=args.data, out=args.out, k=args.k, temperature=args.temperature,
+                     max_tokens=args.max_tokens, min_std=args.min_std, rank=_rank_rule(args), keep=args.keep,
+                     shard=parse_shard(args.shard), seed=args.seed, chunk_size=args.chunk_size,
+                     skip_bad=args.skip_bad, hf_generate=args.hf_generate, max_model_len=args.max_model_len,
+                     gpu_memory_utilization=args.gpu_memory_utilization, dtype=args.dtype,
+                     progress=not args.no_progress)
+    print_summary(mine(cfg), args.out)
     return 0

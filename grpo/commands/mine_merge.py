@@ -12,15 +12,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from grpo.commands.mine import print_summary
     from grpo.mining.miner import merge
-    from grpo.mining.store import MiningError
 
-    try:
-        summary = merge(args.shards, args.out)
-    except MiningError as err:
-        raise SystemExit(str(err)) from None
-    print_summary(Console(), summary, args.out)
+    print_summary(merge(args.shards, args.out), args.out)
     return 0

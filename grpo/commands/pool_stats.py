@@ -17,19 +17,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
-    from data.pool import PoolError, load_pool
+    from data.pool import load_pool
+    from grpo.console import console, escape
     from grpo.mining.report import PERCENTILES, describe_pool, histogram_png
 
-    console = Console()
-    try:
-        stats = describe_pool(load_pool(args.pool, skip_bad=args.skip_bad))
-    except PoolError as err:
-        raise SystemExit(str(err)) from None
+    stats = describe_pool(load_pool(args.pool, skip_bad=args.skip_bad))
     lengths = stats.pop("lengths")
-    table = Table(title=f"{args.pool}: {stats['rows']} rows; reference length in characters")
+    table = Table(title=f"{escape(args.pool)}: {stats['rows']} rows; reference length in characters")
     for column in ("task", "rows", "share", *(f"p{q}" for q in PERCENTILES), "max"):
         table.add_column(column, justify="left" if column == "task" else "right")
     for task, s in [*stats["tasks"].items(), ("all", stats["all"])]:
@@ -37,8 +33,8 @@ def run(args: argparse.Namespace) -> int:
                       str(s["max_chars"]))
     console.print(table)
     histogram_png(lengths, args.png, "reference length (characters)", f"{args.pool}: reference lengths")
-    console.print(f"wrote {args.png}")
+    console.print(f"wrote {args.png}", markup=False)
     if args.json is not None:
         args.json.write_text(json.dumps(stats, indent=2) + "\n")
-        console.print(f"wrote {args.json}")
+        console.print(f"wrote {args.json}", markup=False)
     return 0

@@ -6,19 +6,25 @@ import json
 from pathlib import Path
 
 HELP = "score a prediction against its reference (or a JSONL file of pairs) with the OCR rewards"
-PAIR_FIELDS = ("pred", "ref", "task")
+CHECK_FAILED_EXIT = 1  # --check: some case is outside its bounds (2 stays a user mistake)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from rewards import TASKS
     from rewards.gate import GATES
+    from rewards.table import TABLE_BONUS
 
     parser.add_argument("--task", choices=TASKS, help="reward to apply (with --pred/--ref)")
     parser.add_argument("--pred", metavar="FILE_OR_TEXT", help="the prediction: a file path or the text itself")
     parser.add_argument("--ref", metavar="FILE_OR_TEXT", help="the reference: a file path or the text itself")
     parser.add_argument("--pairs", type=Path, metavar="JSONL",
-                        help="score every line {pred, ref, task} of this file and print a summary per task")
+                        help="score every line {pred, ref, task} of this file and print a summary per task; a line "
+                             "may add expect (with tol), min and max bounds on its reward, for --check")
+    parser.add_argument("--check", action="store_true",
+                        help="with --pairs: list the lines whose reward is outside their bounds; exit 1 if any")
     parser.add_argument("--gate", choices=GATES, default="relative", help="degeneration gate (default relative)")
+    parser.add_argument("--table-bonus", choices=TABLE_BONUS, default="clipped",
+                        help="reading of the table shape bonus (default clipped; SPEC §4)")
     parser.add_argument("--explain", action="store_true", help="also print the reward's components")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--workers", type=int, default=None, help="worker processes for --pairs (default: CPUs)")
@@ -33,35 +39,6 @@ def file_or_text(value: str) -> str:
     except (OSError, ValueError):  # a long text or one with NUL is not a usable path
         pass
     return value
-
-
-def read_pairs(path: Path) -> list[dict]:
-    """The pairs of a JSONL file; a ValueError lists every bad line by number and reason."""
-    from rewards import TASKS
-
-    pairs, errors = [], []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                errors.append(f"line {number}: not JSON ({err.msg})")
-                continue
-            if not isinstance(row, dict):
-                errors.append(f"line {number}: not a JSON object")
-                continue
-            missing = [f for f in PAIR_FIELDS if not isinstance(row.get(f), str)]
-            if missing:
-                errors.append(f"line {number}: missing or non-string field(s) {', '.join(missing)}")
-            elif row["task"] not in TASKS:
-                errors.append(f"line {number}: unknown task {row['task']!r} (valid: {', '.join(TASKS)})")
-            else:
-                pairs.append({"line": number, **{f: row[f] for f in PAIR_FIELDS}})
-    if errors:
-        raise ValueError(f"{path}: {len(errors)} bad line(s):\n" + "\n".join(errors))
-    return pairs
 
 
 def _components_table(result):
@@ -104,47 +81,68 @@ def summarize(results) -> dict[str, dict]:
     return out
 
 
-def _run_pairs(args, console) -> int:
+def _check_report(failed, checked: int, path) -> None:
+    """--check: every failing case with its line and components, then the count."""
+    from grpo.console import console
+
+    for failure in failed:
+        console.print(str(failure), markup=False)
+    verdict = f"{len(failed)} of {checked} case(s) outside their bounds" if failed else \
+        f"all {checked} case(s) within their bounds"
+    console.print(f"{path}: {verdict}", markup=False)
+
+
+def _run_pairs(args) -> int:
     from rich.progress import Progress
 
+    from grpo.console import console
+    from grpo.errors import UserError
     from rewards import score_many
+    from rewards.regression import failures, read_pairs
 
     pairs = read_pairs(args.pairs)
+    checked = sum(p.bounds is not None for p in pairs)
+    if args.check and not checked:
+        raise UserError(f"{args.pairs}: no line carries expect, min or max; --check has nothing to check")
     with Progress(console=console, transient=True, disable=args.json) as progress:
         bar = progress.add_task("scoring", total=None)
-        results = score_many([p["pred"] for p in pairs], [p["ref"] for p in pairs], [p["task"] for p in pairs],
-                             gate=args.gate, workers=args.workers,
+        results = score_many([p.pred for p in pairs], [p.ref for p in pairs], [p.task for p in pairs],
+                             gate=args.gate, table_bonus=args.table_bonus, workers=args.workers,
                              on_progress=lambda done, total: progress.update(bar, completed=done, total=total))
+    failed = failures(pairs, results) if args.check else []
     if args.json:
-        print(json.dumps({"summary": summarize(results),
-                          "results": [{"line": p["line"], **r.as_dict()} for p, r in zip(pairs, results)]}))
+        report = {"summary": summarize(results),
+                  "results": [{"line": p.line, **r.as_dict()} for p, r in zip(pairs, results)]}
+        if args.check:
+            report["check"] = {"checked": checked, "failures": [{"line": f.line, "task": f.task, "value": f.value,
+                                                                  "bounds": str(f.bounds),
+                                                                  "components": f.components} for f in failed]}
+        print(json.dumps(report))
+    elif args.check:
+        _check_report(failed, checked, args.pairs)
     else:
         console.print(_summary_table(results))
-    return 0
+    return CHECK_FAILED_EXIT if failed else 0
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
+    from grpo.console import console
+    from grpo.errors import UserError
     from rewards import score
 
-    console = Console()
     single = (args.task, args.pred, args.ref)
-    try:
-        if args.pairs is not None:
-            if any(v is not None for v in single):
-                raise ValueError("--pairs cannot be combined with --task/--pred/--ref")
-            return _run_pairs(args, console)
-        if any(v is None for v in single):
-            raise ValueError("give --task, --pred and --ref (or --pairs FILE)")
-        result = score(file_or_text(args.pred), file_or_text(args.ref), args.task, gate=args.gate)
-    except (ValueError, OSError) as err:
-        Console(stderr=True).print(f"[red]error:[/red] {err}", markup=True, highlight=False)
-        return 2
+    if args.pairs is not None:
+        if any(v is not None for v in single):
+            raise UserError("--pairs cannot be combined with --task/--pred/--ref")
+        return _run_pairs(args)
+    if any(v is None for v in single) or args.check:
+        raise UserError("give --task, --pred and --ref (or --pairs FILE, which --check needs)")
+    result = score(file_or_text(args.pred), file_or_text(args.ref), args.task, gate=args.gate,
+                   table_bonus=args.table_bonus)
     if args.json:
         print(json.dumps(result.as_dict()))
     elif args.explain:
         console.print(_components_table(result))
     else:
-        console.print(f"{result.task} reward: {result.value:.6f}", highlight=False)
+        console.print(f"{result.task} reward: {result.value:.6f}", markup=False)
     return 0

@@ -52,22 +52,17 @@ def _table(stats: dict):
 
 def run(args: argparse.Namespace) -> int:
     import torch
-    from rich.console import Console
 
-    from data.pool import PoolError, load_pool
-    from grpo.checkpoint import CheckpointError, load_checkpoint
+    from data.pool import load_pool
+    from grpo.checkpoint import load_checkpoint
+    from grpo.console import console
     from grpo.decoding.tpf import measure_tpf
+    from grpo.errors import UserError
 
-    console = Console()
     if args.limit is not None and args.limit < 1:
-        console.print("[red]error:[/red] --limit must be >= 1", soft_wrap=True)
-        return 2
-    try:
-        ckpt = load_checkpoint(args.model, need_drafter=True, dtype=getattr(torch, args.dtype))
-        pool = load_pool(args.data, skip_bad=args.skip_bad)
-    except (CheckpointError, PoolError, FileNotFoundError) as err:
-        console.print(f"[red]error:[/red] {err}", soft_wrap=True)
-        return 2
+        raise UserError(f"--limit must be >= 1, got {args.limit}")
+    ckpt = load_checkpoint(args.model, need_drafter=True, dtype=getattr(torch, args.dtype))
+    pool = load_pool(args.data, skip_bad=args.skip_bad)
     ckpt.model.to(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.limit is not None:
         pool = pool.select(range(min(args.limit, len(pool))))
@@ -77,9 +72,9 @@ def run(args: argparse.Namespace) -> int:
     stats.update(model=str(ckpt.path), data=args.data)
     console.print(_table(stats))
     if stats["truncated"]:
-        console.print(f"{stats['truncated']} output(s) reached --max-new-tokens {args.max_new_tokens}")
+        console.print(f"{stats['truncated']} output(s) reached --max-new-tokens {args.max_new_tokens}", markup=False)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(stats, indent=2) + "\n")
-        console.print(f"wrote {args.out}")
+        console.print(f"wrote {args.out}", markup=False)
     return 0

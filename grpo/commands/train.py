@@ -24,6 +24,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, dest=key, type=kind, help=f"{text} (config key {key})")
     parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
                         help="set any config key (VALUE read as YAML, e.g. --set beta=0.001); repeatable")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="check config, pool, checkpoint, engine, launcher and hardware, then stop (exit 2 "
+                             "listing every problem)")
+    parser.add_argument("--num-processes", type=int, default=None, metavar="N",
+                        help="with --dry-run: check the batch geometry for N processes on another cluster "
+                             "(skips this machine's GPU checks)")
+    parser.add_argument("--accelerate-config", default=None, metavar="FILE",
+                        help="with --dry-run: the accelerate launch config (default: the launcher's own)")
     parser.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
                         help="continue from the last checkpoint in the output dir (or from CHECKPOINT): "
                              "weights, optimizer, scheduler, RNG and TPF history")
@@ -33,28 +41,45 @@ def overrides(args: argparse.Namespace) -> dict:
     """Config keys set on the command line: the named flags, then every --set KEY=VALUE."""
     import yaml
 
+    from grpo.errors import UserError
+
     values = {key: getattr(args, key) for key, _, _ in FLAGS.values() if getattr(args, key, None) is not None}
     for assignment in args.assignments:
         key, sep, text = assignment.partition("=")
         if not sep or not key:
-            raise SystemExit(f"--set expects KEY=VALUE, got {assignment!r}")
+            raise UserError(f"--set expects KEY=VALUE, got {assignment!r}")
         values[key.strip()] = yaml.safe_load(text)
     return values
 
 
-def print_summary(summary: dict) -> None:
-    """The run's outcome: reward start/end, TPF per probe, wall-time split and where the files are."""
-    from rich.console import Console
+def held_out_table(change: dict):
+    """Before/after of the held-out greedy reward and TPF, with the paired difference and its 95% interval."""
     from rich.table import Table
 
+    first, last = change["steps"]
+    table = Table(title=f"held-out greedy reward and TPF: step {first} -> step {last} (paired over prompts)")
+    for column in ("group", "n", "reward before", "reward after", "difference [95% CI]", "TPF before", "TPF after"):
+        table.add_column(column, justify="left" if column == "group" else "right")
+    for name, c in change.items():
+        if name == "steps":
+            continue
+        table.add_row(name, str(c["n"]), f"{c['before']:.3f}", f"{c['after']:.3f}",
+                      f"{c['diff']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}]", f"{c['tpf'][0]:.2f}",
+                      f"{c['tpf'][1]:.2f}")
+    return table
+
+
+def print_summary(summary: dict) -> None:
+    """The run's outcome (main process only): held-out before/after, TPF per probe, wall-time split, files."""
+    from rich.table import Table
+
+    from grpo.console import console
     from grpo.training.trainer import PHASES
 
-    console = Console()
-    rewards = [value for _, value in summary["rewards"]]
-    if rewards:
-        k = max(1, len(rewards) // 4)  # quarters: a step's mean over a few prompts is noisy
-        console.print(f"mean reward: first {k} steps {sum(rewards[:k]) / k:.3f} -> last {k} steps "
-                      f"{sum(rewards[-k:]) / k:.3f} ({len(rewards)} logged steps)")
+    if not summary["main_process"]:
+        return
+    if summary["held_out"] is not None:
+        console.print(held_out_table(summary["held_out"]))
     if summary["tpf"]:
         console.print("TPF by step: " + ", ".join(f"{r['step']}: {r['tpf']:.2f}" for r in summary["tpf"]))
     if summary["stopped_at"] is not None:
@@ -69,14 +94,39 @@ def print_summary(summary: dict) -> None:
         table.add_row(phase, f"{split[phase]:.1f}", f"{split[phase] / split['total']:.0%}" if split["total"] else "-")
     console.print(table)
     for name, path in summary["files"].items():
-        console.print(f"{name}: {path}")
+        console.print(f"{name}: {path}", markup=False)
+
+
+def print_preflight(report) -> None:
+    """The facts of a dry run, then its notes; problems are raised by the caller."""
+    from grpo.console import console
+
+    for label, text in report.facts.items():
+        console.print(f"{label}: {text}", markup=False, highlight=False)
+    for note in report.notes:
+        console.print(f"note: {note}", style="yellow", markup=False, highlight=False)
+
+
+def dry_run(args: argparse.Namespace) -> int:
+    from grpo.console import console
+    from grpo.training.preflight import preflight
+
+    report = preflight(args.config, overrides(args), num_processes=args.num_processes,
+                       accelerate_config=args.accelerate_config)
+    print_preflight(report)
+    report.raise_for_problems()
+    console.print("dry run: the run would start", style="green")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
     from grpo.training.config import load_config
+
+    if args.dry_run:
+        return dry_run(args)
+    config = load_config(args.config, overrides(args))  # a config mistake stops here, before vLLM is imported
     from grpo.training.trainer import run_training
 
-    config = load_config(args.config, overrides(args))
     summary = run_training(config, resume=args.resume)
     print_summary(summary)
     return 0 if summary["stopped_at"] is None else 3

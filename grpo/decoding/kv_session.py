@@ -60,6 +60,12 @@ def truncate(run: list[int], stop_ids: frozenset[int], room: int) -> tuple[list[
     return run[:room], len(run) >= room
 
 
+def base_model(model: Any) -> Any:
+    """The transformers model under peft's wrappers (`PeftModel` -> `LoraModel` -> model), else `model`."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
 class Session:
     """One prompt's KV cache, with position bookkeeping and a forward counter."""
 
@@ -74,7 +80,10 @@ class Session:
         self.cache = DynamicCache(config=model.config)
         self.device = model.device
         self.dtype = model.get_input_embeddings().weight.dtype
-        self.mrope = hasattr(getattr(model, "model", None), "get_rope_index")
+        # GLM-OCR's rope index lives on the inner `model` of the transformers class; a peft wrapper (LoRA)
+        # hides it one level down, and 1-D positions there would decode wrong tokens without an error.
+        self.rope_model = getattr(base_model(model), "model", None)
+        self.mrope = hasattr(self.rope_model, "get_rope_index")
         self.rope_delta = 0
         self.forwards = 0
 
@@ -90,7 +99,7 @@ class Session:
         if ids.shape[0] != 1:
             raise ValueError(f"decoders take one prompt at a time, got a batch of {ids.shape[0]}")
         if self.mrope and "image_grid_thw" in inputs:
-            positions, delta = self.model.model.get_rope_index(
+            positions, delta = self.rope_model.get_rope_index(
                 ids, mm_token_type_ids=inputs["mm_token_type_ids"], image_grid_thw=inputs["image_grid_thw"])
             self.rope_delta = int(delta.reshape(-1)[0])
         else:

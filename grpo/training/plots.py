@@ -1,16 +1,17 @@
-"""Plots of a GRPO run: the drafter's TPF and the mean reward versus step, and the reward curves.
+"""Plots of a GRPO run: the drafter's TPF and the held-out greedy reward versus step, and the training
+reward curves.
 
 `plot_drift` is the one drift plot, drawn by the TPF probe during training and by `gravity-grpo tpf-drift`
 after it. Both take plain records, so they work on a live run and on a finished one.
 
 Example:
-    >>> plot_drift([{"step": 0, "tpf": 3.1, "tpf_by_task": {"text": 3.0}}], "tpf_drift.png",
-    ...            rewards=[(1, 0.61), (2, 0.64)])                     # doctest: +SKIP
+    >>> plot_drift([{"step": 0, "tpf": 3.1, "tpf_by_task": {"text": 3.0}, "eval_reward": 0.8}],
+    ...            "tpf_drift.png")                                     # doctest: +SKIP
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 SMOOTH_STEPS = 10  # running-mean window for per-step rewards (a step averages only a few prompts)
 
@@ -22,12 +23,12 @@ def running_mean(points: Sequence[tuple[int, float]], window: int = SMOOTH_STEPS
             for i, (step, _) in enumerate(points)]
 
 
-def plot_drift(records: Sequence[dict], path: str | Path, rewards: Iterable[tuple[int, float]] = (),
-               title: str = "Drafter agreement across GRPO steps") -> Path:
-    """Draw TPF (overall, and per task) and mean reward versus step into `path` (PNG).
+def plot_drift(records: Sequence[dict], path: str | Path,
+               title: str = "Drafter agreement and held-out reward across GRPO steps") -> Path:
+    """Draw TPF (overall and per task) and the held-out greedy reward (overall and per task) versus step.
 
-    `records`: one dict per probe with `step`, `tpf` and optionally `tpf_by_task` {task: tpf};
-    `rewards`: (step, mean reward) points, drawn on a second axis, per step and as a running mean.
+    `records`: one dict per probe with `step`, `tpf` and optionally `tpf_by_task`, `eval_reward` and
+    `eval_reward_by_task` ({task: value}), as `grpo.training.drift.drift_records` makes them.
     """
     import matplotlib
 
@@ -36,31 +37,31 @@ def plot_drift(records: Sequence[dict], path: str | Path, rewards: Iterable[tupl
 
     records = sorted(records, key=lambda r: r["step"])
     fig, ax = plt.subplots(figsize=(7, 4))
-    steps = [r["step"] for r in records]
-    ax.plot(steps, [r["tpf"] for r in records], "o-", color="tab:blue", lw=2, label="TPF (all probes)")
-    tasks = sorted({task for r in records for task in r.get("tpf_by_task", {})})
-    for task in tasks:
-        points = [(r["step"], r["tpf_by_task"][task]) for r in records
-                  if r.get("tpf_by_task", {}).get(task) is not None]
-        ax.plot(*zip(*points), "--", lw=1, alpha=0.7, label=f"TPF {task}")
+    _lines(ax, records, "tpf", "tpf_by_task", "TPF", "tab:blue")
     ax.set_xlabel("GRPO step")
     ax.set_ylabel("tokens per forward")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
+    twin = ax.twinx()
+    _lines(twin, records, "eval_reward", "eval_reward_by_task", "held-out reward", "tab:red")
+    twin.set_ylabel("held-out greedy reward")
+    twin.set_ylim(top=1.02)  # rewards lie in [0, 1]; the lower end follows the data
     handles, labels = ax.get_legend_handles_labels()
-    rewards = sorted(rewards)
-    if rewards:
-        twin = ax.twinx()
-        twin.plot(*zip(*rewards), color="tab:red", lw=0.6, alpha=0.35)
-        twin.plot(*zip(*running_mean(rewards)), color="tab:red", lw=1.5,
-                  label=f"mean reward ({SMOOTH_STEPS}-step running mean)")
-        twin.set_ylabel("mean reward")
-        twin.set_ylim(top=1.02)  # rewards lie in [0, 1]; the lower end follows the data
-        more_handles, more_labels = twin.get_legend_handles_labels()
-        handles, labels = handles + more_handles, labels + more_labels
-    ax.legend(handles, labels, loc="lower left", fontsize=8)
+    more_handles, more_labels = twin.get_legend_handles_labels()
+    ax.legend(handles + more_handles, labels + more_labels, loc="lower left", fontsize=7, ncol=2)
     ax.set_title(title)
     return _save(fig, path)
+
+
+def _lines(ax, records: Sequence[dict], key: str, by_task: str, label: str, color: str) -> None:
+    """`key` versus step as a thick line, and each task of `by_task` as a thin dashed one (absent values skipped)."""
+    points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+    if points:
+        ax.plot(*zip(*points), "o-", color=color, lw=2, label=f"{label} (all)")
+    styles = iter(("--", ":", "-."))
+    for task in sorted({t for r in records for t in r.get(by_task) or {}}):
+        points = [(r["step"], r[by_task][task]) for r in records if (r.get(by_task) or {}).get(task) is not None]
+        ax.plot(*zip(*points), next(styles, "--"), color=color, lw=1, alpha=0.7, label=f"{label} {task}")
 
 
 def plot_rewards(curves: dict[str, Sequence[tuple[int, float]]], path: str | Path,

@@ -1,80 +1,37 @@
-"""The TPF probe: how well the block-diffusion drafter still agrees with the AR path while GRPO trains it.
+"""The TPF probe: does the block-diffusion drafter still agree with the AR path, and did the greedy policy
+get better, while GRPO trains the shared weights?
 
 At step 0, every `tpf_every` optimizer steps and at the last step, the self-speculative decoder runs on a
-fixed probe set with the current weights (LoRA adapters included). Each probe is logged (`tpf/mean`,
-`tpf/<task>`, `tpf/accepted_per_round`, `tpf/ar_equal_rate`), so it lives in the trainer's log history and
-in every checkpoint's `trainer_state.json`; `OUTPUT/tpf_drift.jsonl` and `OUTPUT/tpf_drift.png` are redrawn
-from that history, which is why the TPF history survives `--resume`.
+fixed probe set with the current weights (LoRA adapters included), and its outputs (equal to AR greedy) are
+scored against their targets. Every process decodes its shard of the probe (rows i, i + W, ...), the
+records are gathered, and every process logs the same metrics (`grpo.training.drift.probe_metrics`), so
+they live in the trainer's log history and in every checkpoint's `trainer_state.json`; the main process
+redraws `tpf_drift.jsonl` / `tpf_drift.png` from that history (so the history survives `--resume`) and
+keeps the per-prompt records in `probe_rows.jsonl`.
+
+`tpf_compare_ar` chooses when the probe also decodes AR greedy to check equality (it costs about TPF times
+the self-speculative decode): `always`, `first` (step 0 only) or `never`. `tpf_max_new_tokens` is the
+per-prompt token budget; outputs that reach it are counted (`tpf/truncated`) and logged.
 
 `tpf_floor` guards the drafter: a TPF below (1 - tpf_floor) x the step-0 TPF logs a warning, or with
 `tpf_floor_action: stop` saves a checkpoint and stops training.
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
+from grpo.training.drift import drift_records, probe_metrics
+from grpo.training.run_dir import RunDir
+
 log = logging.getLogger(__name__)
-
-DRIFT_JSONL = "tpf_drift.jsonl"
-DRIFT_PNG = "tpf_drift.png"
-# Logged probe keys that are not per-task TPF.
-_SUMMARY_KEYS = ("tpf/mean", "tpf/accepted_per_round", "tpf/ar_equal_rate")
-
-
-def probe_metrics(stats: dict) -> dict[str, float]:
-    """The logged `tpf/*` metrics of one `grpo.decoding.tpf.measure_tpf` result (None values left out)."""
-    metrics = {"tpf/mean": stats["tpf"], "tpf/accepted_per_round": stats["accepted_per_round"],
-               "tpf/ar_equal_rate": stats["ar_equal_rate"]}
-    metrics.update({f"tpf/{task}": s["tpf"] for task, s in stats["by_task"].items()})
-    return {k: float(v) for k, v in metrics.items() if v is not None}
-
-
-def drift_records(log_history: list[dict]) -> list[dict]:
-    """One record per probe in a trainer log history, with the mean reward of the last logged step.
-
-    Keys: `step`, `tpf`, `accepted_per_round`, `ar_equal_rate`, `tpf_by_task`, `reward` (None before the
-    first reward).
-    """
-    records, reward = [], None
-    for entry in sorted(log_history, key=lambda e: e.get("step", 0)):  # stable: a step's reward log comes first
-        if "reward" in entry:
-            reward = entry["reward"]
-        if "tpf/mean" in entry:
-            records.append({
-                "step": entry["step"], "tpf": entry["tpf/mean"],
-                "accepted_per_round": entry.get("tpf/accepted_per_round"),
-                "ar_equal_rate": entry.get("tpf/ar_equal_rate"),
-                "tpf_by_task": {k.removeprefix("tpf/"): v for k, v in entry.items()
-                                if k.startswith("tpf/") and k not in _SUMMARY_KEYS},
-                "reward": reward})
-    return records
-
-
-def reward_points(log_history: list[dict], key: str = "reward") -> list[tuple[int, float]]:
-    """(step, value) of every log entry holding `key`."""
-    return [(e["step"], e[key]) for e in log_history if e.get(key) is not None]
-
-
-def write_drift(records: list[dict], log_history: list[dict], output_dir: str | Path) -> Path:
-    """Rewrite `tpf_drift.jsonl` from `records` and redraw `tpf_drift.png`; return the PNG path."""
-    from grpo.training.plots import plot_drift
-
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    tmp = output_dir / (DRIFT_JSONL + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-    tmp.replace(output_dir / DRIFT_JSONL)
-    return plot_drift(records, output_dir / DRIFT_PNG, rewards=reward_points(log_history))
 
 
 class TpfProbeCallback(TrainerCallback):
-    """Measures TPF on `rows` with the trainer's current weights; see the module docstring."""
+    """Measures TPF and held-out greedy reward on `rows` with the trainer's current weights (module docstring)."""
 
     def __init__(self, trainer: Any, rows: Any, bd: Any, is_vlm: bool = False):
         self.trainer = trainer
@@ -86,14 +43,14 @@ class TpfProbeCallback(TrainerCallback):
     # --- TrainerCallback hooks ---
     def on_train_begin(self, args, state, control, **kwargs):
         if state.global_step == 0 and not drift_records(state.log_history):
-            self.trainer.log(self._measure(args))  # the step-0 baseline, a log entry of its own
+            self.trainer.log(self._measure(args, state))  # the step-0 baseline, a log entry of its own
         elif state.is_world_process_zero:  # resumed: redraw from the history restored with the checkpoint
-            write_drift(drift_records(state.log_history), state.log_history, args.output_dir)
+            RunDir(args.output_dir).write_drift(drift_records(state.log_history))
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step % args.tpf_every == 0 or state.global_step >= state.max_steps:
-            self.trainer.add_to_next_log(self._measure(args))
+            self.trainer.add_to_next_log(self._measure(args, state))
             control.should_log = True  # so the probe is logged with this step's reward
         return control
 
@@ -103,36 +60,54 @@ class TpfProbeCallback(TrainerCallback):
         if "tpf/mean" in (logs or {}):
             records = drift_records(state.log_history)
             if state.is_world_process_zero:
-                write_drift(records, state.log_history, args.output_dir)
+                RunDir(args.output_dir).write_drift(records)
             self._check_floor(args, control, records)
         return control
 
     # --- the probe ---
-    def _measure(self, args) -> dict[str, float]:
-        """Run the decoder on the main process (weights gathered under ZeRO-3); every rank gets the metrics."""
-        from accelerate.utils import broadcast_object_list
+    def _measure(self, args, state) -> dict[str, float]:
+        """Decode this process's shard (weights gathered under ZeRO-3), gather every shard, return the metrics."""
+        from accelerate.utils import gather_object
         from trl.models.utils import unwrap_model_for_generation
 
-        from grpo.decoding.tpf import measure_tpf
+        from grpo.decoding.tpf import decode_rows, tpf_stats
 
         trainer = self.trainer
+        rank, world = trainer.accelerator.process_index, trainer.accelerator.num_processes
+        compare_ar = args.tpf_compare_ar == "always" or (args.tpf_compare_ar == "first" and state.global_step == 0)
         start = time.perf_counter()
-        metrics = None
+        records, error = [], None
         with trainer.timed("tpf_probe"), unwrap_model_for_generation(
-                trainer.model_wrapped, trainer.accelerator,
-                gather_deepspeed3_params=args.ds3_gather_for_generation) as model:
-            if trainer.accelerator.is_main_process:
-                stats = measure_tpf(model, trainer.processing_class, self.rows, self.bd, is_vlm=self.is_vlm,
-                                    max_new_tokens=args.tpf_max_new_tokens, compare_ar=args.tpf_compare_ar,
-                                    progress=False)
-                metrics = probe_metrics(stats)
-        [metrics] = broadcast_object_list([metrics])
+                trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=args.ds3_gather_for_generation,
+                gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs) as model:
+            try:
+                records = decode_rows(model, trainer.processing_class, self.rows[rank::world], self.bd,
+                                      indices=range(rank, len(self.rows), world), is_vlm=self.is_vlm,
+                                      max_new_tokens=args.tpf_max_new_tokens, compare_ar=compare_ar, score=True,
+                                      progress=False)
+            except Exception as err:  # noqa: BLE001 - every rank must reach the gather, or the others hang
+                error = f"rank {rank}: {err!r}"
+            shards = gather_object([(rank, error, records)])
+        errors = [e for _, e, _ in shards if e]
+        if errors:
+            raise RuntimeError(f"TPF probe at step {state.global_step} failed on " + "; ".join(errors))
+        records = [r for _, _, shard in shards for r in shard]
+        stats = tpf_stats(records)
+        ranks = sum(1 for _, _, shard in shards if shard)
+        if state.is_world_process_zero:
+            RunDir(args.output_dir).write_probe_rows(state.global_step, _compact(stats["rows"]))
+        if stats["truncated"] and state.is_world_process_zero:
+            log.warning("TPF probe at step %d: %d of %d outputs reached tpf_max_new_tokens (%d)", state.global_step,
+                        stats["truncated"], stats["n"], args.tpf_max_new_tokens)
+        metrics = probe_metrics(stats, ranks=ranks)
+        if not state.is_world_process_zero:  # every process holds the same figures; one reports them
+            return metrics
         if "tpf/mean" not in metrics:  # no draft/verify forward at all: every output ended at its first token
-            log.warning("TPF probe at step %d: no forwards to count (every output was one token)",
-                        trainer.state.global_step)
+            log.warning("TPF probe at step %d: no forwards to count (every output was one token)", state.global_step)
         else:
-            log.info("TPF probe at step %d: %.3f tokens/forward on %d prompts (%.1f s)", trainer.state.global_step,
-                     metrics["tpf/mean"], len(self.rows), time.perf_counter() - start)
+            log.info("TPF probe at step %d: %.3f tokens/forward, held-out reward %.3f on %d prompts over %d "
+                     "process(es) (%.1f s)", state.global_step, metrics["tpf/mean"], metrics["eval/reward"],
+                     stats["n"], ranks, time.perf_counter() - start)
         return metrics
 
     def _check_floor(self, args, control, records: list[dict]) -> None:
@@ -151,3 +126,11 @@ class TpfProbeCallback(TrainerCallback):
             self.stopped_at = current["step"]
         else:
             log.warning(message)
+
+
+_ROW_KEYS = ("index", "task", "tokens", "forwards", "rounds", "accepted", "truncated", "ar_equal", "reward", "exact")
+
+
+def _compact(rows: list[dict]) -> list[dict]:
+    """The per-prompt figures worth keeping for every probe (ids and timings left out)."""
+    return [{k: r[k] for k in _ROW_KEYS} for r in rows]

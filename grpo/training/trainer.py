@@ -19,24 +19,19 @@ from __future__ import annotations
 
 import copy
 import functools
-import json
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from trl import GRPOTrainer
 
 from grpo.training import drafter_loss as dl
 from grpo.training.config import ConfigError, GravityGRPOConfig
+from grpo.training.run_dir import REWARD_PNG, RunDir
 
 # Phases of the wall-time split, in the order they are reported.
 PHASES = ("generation", "reward", "logprobs", "backward", "drafter", "tpf_probe", "other")
-METRICS_JSONL = "metrics.jsonl"  # OUTPUT/metrics.jsonl: the trainer's log history, one entry per line
-RUN_CONFIG = "run_config.json"   # the full config of the run (read back by `gravity-grpo tpf-drift`)
-WALL_TIME = "wall_time.json"     # seconds per phase of PHASES, and the total
-REWARD_PNG = "reward_curve.png"  # mean reward and per-task reward versus step
 
 
 @contextmanager
@@ -101,10 +96,24 @@ class GravityGRPOTrainer(GRPOTrainer):
         from grpo.vllm_engine import sync_weights
 
         model = self.accelerator.unwrap_model(self.model)
-        if isinstance(model, PeftModel):
-            # vLLM serves the merged weights; a merged copy leaves the adapters being trained untouched.
-            model = copy.deepcopy(model).merge_and_unload()
-        sync_weights(self.vllm_generation.llm, model)
+        with self._gathered_weights(model):
+            if isinstance(model, PeftModel):
+                # vLLM serves the merged weights; a merged copy leaves the adapters being trained untouched.
+                model = copy.deepcopy(model).merge_and_unload()
+            sync_weights(self.vllm_generation.llm, model)
+
+    def _gathered_weights(self, model: Any):
+        """Whole parameters for the length of the block: under ZeRO-3 each rank holds a shard (an empty
+        placeholder tensor per parameter) until they are gathered; a collective, so every rank enters it."""
+        from contextlib import nullcontext
+
+        from trl.distributed import DistributedBackend
+
+        if not DistributedBackend(self.accelerator).is_zero3:
+            return nullcontext()
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(list(model.parameters()))
 
     @contextmanager
     def timed(self, phase: str):
@@ -158,15 +167,8 @@ class GravityGRPOTrainer(GRPOTrainer):
         super().log(logs, start_time)
         if not self.state.is_world_process_zero:
             return
-        history = self.state.log_history
-        path = Path(self.args.output_dir) / METRICS_JSONL
-        if self._entries_written == len(history) - 1:
-            with path.open("a") as f:
-                f.write(json.dumps(history[-1]) + "\n")
-        else:  # first write of this process: the whole history, so a resumed run's file matches its state
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text("".join(json.dumps(entry) + "\n" for entry in history))
-        self._entries_written = len(history)
+        self._entries_written = RunDir(self.args.output_dir).write_metrics(self.state.log_history,
+                                                                           self._entries_written)
 
     def train(self, *args: Any, **kwargs: Any):
         with self.timed("train"):
@@ -195,14 +197,43 @@ class GravityGRPOTrainer(GRPOTrainer):
         return split
 
 
+def qlora_quantization_config(dtype: Any = None) -> Any:
+    """The `BitsAndBytesConfig` of QLoRA: NF4 base weights, computed and *stored* in `dtype` (bf16).
+
+    `bnb_4bit_quant_storage` matters under ZeRO-3: DeepSpeed flattens every parameter of a group into one
+    buffer of one dtype, and packed 4-bit weights stored as uint8 (the default) cannot join bf16 ones.
+    """
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    dtype = dtype or torch.bfloat16
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype,
+                              bnb_4bit_quant_storage=dtype)
+
+
+def rollout_generation_kwargs(config: GravityGRPOConfig, ckpt: Any) -> dict | None:
+    """`config.generation_kwargs`, plus for a vision-language checkpoint sampled by vLLM a ban of its image
+    tokens (TRL bans `<|image|>` only on the HF path; one sampled image token crashes the loss forward)."""
+    if not (config.use_vllm and ckpt.is_vlm):
+        return config.generation_kwargs
+    from grpo.checkpoint import tokenizer_of
+    from grpo.vllm_engine import ban_tokens_kwargs, image_token_ids, merge_sampling_kwargs
+
+    ban = ban_tokens_kwargs(image_token_ids(ckpt.model.config), tokenizer_of(ckpt.processor))
+    return merge_sampling_kwargs(config.generation_kwargs, ban)
+
+
 def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
     """The trainer for `config`: load the checkpoint and pools, wire rewards and the TPF probe."""
     import torch
 
     from data.pool import as_prompts, load_pool
     from grpo.checkpoint import load_checkpoint
+    from transformers.trainer_callback import ProgressCallback
+
+    from grpo.training.progress import RewardProgressCallback
     from grpo.training.tpf_probe import TpfProbeCallback
-    from rewards import ocr_reward
+    from rewards import OcrReward
 
     probing = config.tpf_every > 0
     on_cpu = config.use_cpu or not torch.cuda.is_available()
@@ -228,16 +259,16 @@ def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
         from grpo.vllm_engine import set_engine_env
 
         set_engine_env()  # before TRL starts the engine: in-process, small CPU KV cache
+    config.generation_kwargs = rollout_generation_kwargs(config, ckpt)
     model, quantization = ckpt.model, None
     if config.load_in_4bit:  # TRL loads the base weights in 4 bit from the folder
-        from transformers import BitsAndBytesConfig
-
-        model = str(ckpt.path)
-        quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                          bnb_4bit_compute_dtype=torch.bfloat16)
-    trainer = GravityGRPOTrainer(model=model, reward_funcs=ocr_reward, args=config, train_dataset=pool,
+        model, quantization = str(ckpt.path), qlora_quantization_config()
+    reward = OcrReward(table_bonus=config.table_bonus)
+    trainer = GravityGRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=pool,
                                  processing_class=ckpt.processor, peft_config=config.peft_config(),
                                  quantization_config=quantization, block_diffusion=ckpt.bd)
+    trainer.remove_callback(ProgressCallback)  # it prints every metric dict; those go to metrics.jsonl
+    trainer.add_callback(RewardProgressCallback())
     if probing:
         probe = load_pool(config.probe_set)
         probe = probe.select(range(min(config.probe_size, len(probe))))
@@ -246,26 +277,33 @@ def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
 
 
 def run_training(config: GravityGRPOConfig, resume: str | bool | None = None) -> dict[str, Any]:
-    """Train (or resume: True for the last checkpoint in `output_dir`, or a checkpoint folder) and write
-    `run_config.json`, `wall_time.json` and `reward_curve.png` into `output_dir`; return a summary (the
-    trainer, rewards and TPF records by step, the wall-time split, `stopped_at`, the files written)."""
+    """Train (or resume: True for the last checkpoint in `output_dir`, or a checkpoint folder); the main
+    process writes the run folder (`grpo.training.run_dir`). Returns a summary: the trainer, training rewards
+    and probe records by step, the held-out before/after change, the wall-time split, `stopped_at` and the
+    files written."""
+    from grpo.training.drift import drift_records, held_out_change, reward_points
     from grpo.training.plots import plot_rewards
-    from grpo.training.tpf_probe import DRIFT_PNG, TpfProbeCallback, drift_records, reward_points
+    from grpo.training.tpf_probe import TpfProbeCallback
     from rewards import TASKS
 
-    out = Path(config.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / RUN_CONFIG).write_text(config.to_json_string())
+    run = RunDir(config.output_dir)
     trainer = build_trainer(config)
+    main_process = trainer.accelerator.is_main_process
+    if main_process:
+        run.write_config(config.to_json_string())
     trainer.train(resume_from_checkpoint=resume)
     history = trainer.state.log_history
     split = trainer.phase_seconds
-    (out / WALL_TIME).write_text(json.dumps(split, indent=2) + "\n")
     curves = {"reward": reward_points(history)}
     curves.update({task: reward_points(history, f"ocr/{task}/reward") for task in TASKS})
-    plot_rewards(curves, out / REWARD_PNG)
+    if main_process:
+        run.write_wall_time(split)
+        plot_rewards(curves, run.file(REWARD_PNG))
+    trainer.accelerator.wait_for_everyone()  # the files are complete before any process reads them
     probe = next((c for c in trainer.callback_handler.callbacks if isinstance(c, TpfProbeCallback)), None)
-    return {"trainer": trainer, "output_dir": out, "steps": trainer.state.global_step, "rewards": curves["reward"],
-            "tpf": drift_records(history), "wall_time": split, "stopped_at": probe.stopped_at if probe else None,
-            "files": {"reward curve": out / REWARD_PNG, "TPF drift plot": out / DRIFT_PNG,
-                      "metrics": out / METRICS_JSONL, "wall-time split": out / WALL_TIME}}
+    files = {"held-out reward and TPF": "tpf_drift.png", "training reward": REWARD_PNG,
+             "metrics": "metrics.jsonl", "wall-time split": "wall_time.json"}
+    return {"trainer": trainer, "output_dir": run.path, "steps": trainer.state.global_step,
+            "rewards": curves["reward"], "tpf": drift_records(history), "held_out": held_out_change(run),
+            "wall_time": split, "stopped_at": probe.stopped_at if probe else None, "main_process": main_process,
+            "files": {name: run.file(f) for name, f in files.items() if run.file(f).is_file()}}

@@ -1,0 +1,135 @@
+"""A GRPO run folder: the one module that knows its files and finds them again (STYLE 12).
+
+    OUTPUT/run_config.json      the full config of the run (read back to re-measure its checkpoints)
+    OUTPUT/metrics.jsonl        the trainer's log history, one entry per line
+    OUTPUT/wall_time.json       seconds per phase and the total
+    OUTPUT/reward_curve.png     training reward per task versus step
+    OUTPUT/tpf_drift.jsonl      one line per TPF probe: TPF, held-out reward, ... (`grpo.training.drift`)
+    OUTPUT/tpf_drift.png        TPF and held-out reward versus step
+    OUTPUT/probe_rows.jsonl     one line per probe: its per-prompt records (for paired before/after figures)
+    OUTPUT/checkpoint-N/        TRL checkpoints, each a joint checkpoint (SPEC §2)
+
+Only the main process writes (the callers check `is_world_process_zero`); every write replaces a file whole
+or appends one line.
+
+Example:
+    >>> run = RunDir("runs/demo")                              # doctest: +SKIP
+    >>> [step for step, _ in run.checkpoints()]                # doctest: +SKIP
+    [40, 80]
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+RUN_CONFIG = "run_config.json"
+METRICS_JSONL = "metrics.jsonl"
+WALL_TIME = "wall_time.json"
+REWARD_PNG = "reward_curve.png"
+DRIFT_JSONL = "tpf_drift.jsonl"
+DRIFT_PNG = "tpf_drift.png"
+PROBE_ROWS = "probe_rows.jsonl"
+_CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+
+
+def _write_jsonl(path: Path, records: Iterable[dict]) -> None:
+    """Replace `path` whole (a reader never sees half a file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+    tmp.replace(path)
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+class RunDir:
+    """The files of one GRPO run under `path` (see the module docstring)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    def is_run(self) -> bool:
+        """True when the folder holds a run written by this package."""
+        return self.file(RUN_CONFIG).is_file()
+
+    def clear(self) -> bool:
+        """Remove a previous run in this folder (True if there was one); refuse a non-empty folder holding
+        something else, so that nothing but a run is ever deleted."""
+        import shutil
+
+        from grpo.yaml_config import ConfigError
+
+        if not self.path.is_dir() or not any(self.path.iterdir()):
+            return False
+        if not self.is_run():
+            raise ConfigError(f"{self.path} is not empty and holds no previous run (no {RUN_CONFIG}); "
+                              "choose another output folder")
+        shutil.rmtree(self.path)
+        return True
+
+    # --- config and wall time ---
+    def write_config(self, config_json: str) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.file(RUN_CONFIG).write_text(config_json)
+
+    def read_config(self) -> dict[str, Any]:
+        """The run's config, or {} for a folder without one."""
+        path = self.file(RUN_CONFIG)
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    def write_wall_time(self, split: dict[str, float]) -> None:
+        self.file(WALL_TIME).write_text(json.dumps(split, indent=2) + "\n")
+
+    # --- the log history ---
+    def write_metrics(self, history: list[dict], written: int) -> int:
+        """Bring `metrics.jsonl` up to `history`: append the last entry when `written` entries are already
+        there, else rewrite the whole history (a process's first write, `written` -1, e.g. after resume).
+        Returns the count written."""
+        path = self.file(METRICS_JSONL)
+        if written == len(history) - 1:
+            with path.open("a") as f:
+                f.write(json.dumps(history[-1]) + "\n")
+        else:
+            self.path.mkdir(parents=True, exist_ok=True)
+            _write_jsonl(path, history)
+        return len(history)
+
+    def read_metrics(self) -> list[dict]:
+        return _read_jsonl(self.file(METRICS_JSONL))
+
+    # --- the TPF probe ---
+    def write_drift(self, records: list[dict], name: str = "tpf_drift", title: str | None = None) -> Path:
+        """Rewrite `<name>.jsonl` from the probe records and redraw `<name>.png`; return the PNG path."""
+        from grpo.training.plots import plot_drift
+
+        self.path.mkdir(parents=True, exist_ok=True)
+        _write_jsonl(self.file(f"{name}.jsonl"), records)
+        return plot_drift(records, self.file(f"{name}.png"), **({"title": title} if title else {}))
+
+    def read_drift(self) -> list[dict]:
+        return _read_jsonl(self.file(DRIFT_JSONL))
+
+    def write_probe_rows(self, step: int, rows: list[dict]) -> None:
+        """Record one probe's per-prompt records; lines of later steps (an earlier attempt before a resume) go."""
+        kept = [line for line in self.read_probe_rows() if line["step"] < step]
+        self.path.mkdir(parents=True, exist_ok=True)
+        _write_jsonl(self.file(PROBE_ROWS), kept + [{"step": step, "rows": rows}])
+
+    def read_probe_rows(self) -> list[dict]:
+        """[{step, rows}] per probe, by step."""
+        return _read_jsonl(self.file(PROBE_ROWS))
+
+    # --- checkpoints ---
+    def checkpoints(self) -> list[tuple[int, Path]]:
+        """(step, folder) of the run's `checkpoint-N` folders, by step."""
+        if not self.path.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in self.path.iterdir()
+                 if p.is_dir() and (m := _CHECKPOINT.fullmatch(p.name))]
+        return sorted(found)

