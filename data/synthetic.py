@@ -31,6 +31,10 @@ from dataclasses import dataclass
 
 TASK_PROMPTS = {"text": "Text Recognition:", "table": "Table Recognition:", "formula": "Formula Recognition:"}
 
+# line counts a text crop draws from: `tiny-train`'s (fixed, see SPLITS), and the longer crops of the others
+SHORT_TEXT = (1, 2, 2, 3)
+LONG_TEXT = (3, 4, 5)
+
 
 @dataclass(frozen=True)
 class Split:
@@ -39,15 +43,14 @@ class Split:
     rows: int
     seed: int
     buckets: range            # the hash buckets (out of 100) whose candidates it keeps
-    text_lines: tuple = (1, 2, 2, 3)   # line counts a text crop draws from
+    text_lines: tuple = SHORT_TEXT   # line counts a text crop draws from
     noise: float = 0.0        # share of rows whose target is mislabeled at the task's decision point (`mislabel`)
 
 
 # The base recipe trains on `tiny-train` (and builds the tokenizer from it): it must not change. The adapt
 # recipe trains on `tiny-noisy`, the only split with noise; like `tiny-train` it draws from the training
 # buckets, so neither can share an example with the GRPO pool `tiny` or the probe. Pool and probe show longer
-# text crops (3-5 lines, ~4-5 blocks of 16 tokens), so text TPF does not swing by one round more or less.
-LONG_TEXT = (3, 4, 5)
+# text crops (3-5 lines, ~45 target tokens: about three blocks of 16), so text TPF does not swing by a round.
 SPLITS = {
     "tiny-train": Split(60000, 1, range(20, 100)),
     "tiny-noisy": Split(20000, 4, range(20, 100), LONG_TEXT, noise=0.6),
@@ -119,7 +122,7 @@ def _words(rng: random.Random, n: int) -> list[str]:
     return out
 
 
-def gen_text(rng: random.Random, line_counts: tuple = (1, 2, 2, 3)) -> Example:
+def gen_text(rng: random.Random, line_counts: tuple = SHORT_TEXT) -> Example:
     """A text line or a paragraph of `rng.choice(line_counts)` lines; the target keeps the line breaks."""
     lines = []
     for _ in range(rng.choice(line_counts)):
@@ -281,7 +284,7 @@ def mislabel(rng: random.Random, example: Example, rate: float) -> Example:
     writes the truth about `1 - rate` of the time: a GRPO group differs exactly there, and the reward
     (scored against clean targets) prefers the truth. Noise at random positions would never move greedy output.
     """
-    if rate == 0 or rng.random() >= rate:
+    if rng.random() >= rate:
         return example
     return Example(example.task_type, example.source, MISLABELS[example.task_type](example.target))
 
