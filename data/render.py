@@ -5,8 +5,7 @@ serialized lines (span marks `{rN}`/`{cN}` widen or lengthen the cell), so a wra
 of its own, as in the serialization.
 
 Example:
-    >>> from data.synthetic import generate
-    >>> render_row(generate("tiny-probe", 1)[0]).mode
+    >>> build_image_split("tiny-probe", 2)[0]["image"].mode
     'RGB'
 """
 from __future__ import annotations
@@ -15,7 +14,7 @@ import re
 
 from PIL import Image, ImageDraw, ImageFont
 
-from data.synthetic import BLOT
+from data.synthetic import BLOT, generate
 
 _PAD, _LINE_H, _CHAR_W, _CELL_W = 6, 16, 7, 90
 _SPAN = re.compile(r"^((?:\{[rc]\d\})*)(.*)$", re.S)
@@ -78,3 +77,17 @@ def render_row(row: dict) -> Image.Image:
     source = row["prompt"].split("\n", 1)[1] if "\n" in row["prompt"] else row["target"]
     lines = source.split("\n")
     return _render_table(lines) if row["task_type"] == "table" else _render_lines(lines)
+
+
+def build_image_split(name: str, n: int | None = None):
+    """The built-in split `name` for a vision-language policy: an `image` column (the crop's rendering) and
+    `prompt` the bare task prompt."""
+    import datasets
+
+    rows = generate(name, n)
+    for row in rows:
+        row["image"] = render_row(row)
+        row["prompt"] = row["prompt"].split("\n", 1)[0]
+    features = datasets.Features({"prompt": datasets.Value("string"), "target": datasets.Value("string"),
+                                  "task_type": datasets.Value("string"), "image": datasets.Image()})
+    return datasets.Dataset.from_list(rows, features=features)

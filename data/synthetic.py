@@ -10,8 +10,12 @@ character, while the target keeps the true ones (a smudged scan). A hidden word,
 cannot be read, so no policy scores 1 on every crop and a sampled group differs where the blots are; a part
 of a table word often can be read from the rest of it. Tables are borderless (see `gen_table`).
 
-The splits never share an example: every candidate is assigned to one split by a hash of its content,
-and each split keeps only the candidates of its own bucket.
+The splits are built from hash buckets: every candidate is assigned to a bucket by a hash of its (true)
+content and each split keeps only the candidates of its buckets, so the GRPO pool `tiny` and the probe never
+share an example with each other or with the training splits (which share the training buckets).
+
+Only the adapt recipe's training split `tiny-noisy` carries label noise (`mislabel`): pool and probe targets
+are the truth.
 
 Example:
     >>> ds = build_split("tiny-probe")
@@ -27,11 +31,31 @@ from dataclasses import dataclass
 
 TASK_PROMPTS = {"text": "Text Recognition:", "table": "Table Recognition:", "formula": "Formula Recognition:"}
 
-# split name -> (rows, generator seed, hash buckets out of 100 it owns)
+# line counts a text crop draws from: `tiny-train`'s (fixed, see SPLITS), and the longer crops of the others
+SHORT_TEXT = (1, 2, 2, 3)
+LONG_TEXT = (3, 4, 5)
+
+
+@dataclass(frozen=True)
+class Split:
+    """How a built-in split is generated."""
+
+    rows: int
+    seed: int
+    buckets: range            # the hash buckets (out of 100) whose candidates it keeps
+    text_lines: tuple = SHORT_TEXT   # line counts a text crop draws from
+    noise: float = 0.0        # share of rows whose target is mislabeled at the task's decision point (`mislabel`)
+
+
+# The base recipe trains on `tiny-train` (and builds the tokenizer from it): it must not change. The adapt
+# recipe trains on `tiny-noisy`, the only split with noise; like `tiny-train` it draws from the training
+# buckets, so neither can share an example with the GRPO pool `tiny` or the probe. Pool and probe show longer
+# text crops (3-5 lines, ~45 target tokens: about three blocks of 16), so text TPF does not swing by a round.
 SPLITS = {
-    "tiny-train": (60000, 1, range(20, 100)),
-    "tiny": (240, 2, range(10, 20)),
-    "tiny-probe": (60, 3, range(0, 10)),
+    "tiny-train": Split(60000, 1, range(20, 100)),
+    "tiny-noisy": Split(20000, 4, range(20, 100), LONG_TEXT, noise=0.6),
+    "tiny": Split(240, 2, range(10, 20), LONG_TEXT),
+    "tiny-probe": Split(60, 3, range(0, 10), LONG_TEXT),
 }
 
 _WORDS = (
@@ -98,10 +122,10 @@ def _words(rng: random.Random, n: int) -> list[str]:
     return out
 
 
-def gen_text(rng: random.Random) -> Example:
-    """A text line or a short paragraph of 1-3 lines; the target keeps the line breaks."""
+def gen_text(rng: random.Random, line_counts: tuple = SHORT_TEXT) -> Example:
+    """A text line or a paragraph of `rng.choice(line_counts)` lines; the target keeps the line breaks."""
     lines = []
-    for _ in range(rng.choice((1, 2, 2, 3))):
+    for _ in range(rng.choice(line_counts)):
         words = _words(rng, rng.randint(4, 10))
         words[0] = words[0][:1].upper() + words[0][1:]
         line = " ".join(words)
@@ -236,6 +260,35 @@ def blot(rng: random.Random, example: Example) -> Example:
     return Example(example.task_type, "".join(source), example.target)
 
 
+def _drop_last_line(target: str) -> str:
+    return target.rsplit("\n", 1)[0]
+
+
+def _drop_last_row(target: str) -> str:
+    return target[: target.rindex("<tr>")] + "</table>"
+
+
+def _drop_closing_brace(target: str) -> str:
+    return target[:-1] if target.endswith("}") else target
+
+
+# task -> the label error a careless annotator makes, each at one decision point the model can locate: where
+# the last text line or table row would begin, or at the formula's final `}` (only formulas ending in one).
+MISLABELS = {"text": _drop_last_line, "table": _drop_last_row, "formula": _drop_closing_brace}
+
+
+def mislabel(rng: random.Random, example: Example, rate: float) -> Example:
+    """`example` with its target mislabeled (`MISLABELS`) with probability `rate`; the source is unchanged.
+
+    Above one half the noisy label is the majority, so AR greedy learns it while temperature-1 sampling still
+    writes the truth about `1 - rate` of the time: a GRPO group differs exactly there, and the reward
+    (scored against clean targets) prefers the truth. Noise at random positions would never move greedy output.
+    """
+    if rng.random() >= rate:
+        return example
+    return Example(example.task_type, example.source, MISLABELS[example.task_type](example.target))
+
+
 def prompt_for(example: Example) -> str:
     """The text-only prompt: task prompt, newline, the serialized crop."""
     return f"{TASK_PROMPTS[example.task_type]}\n{example.source}"
@@ -250,37 +303,27 @@ def generate(name: str, n: int | None = None) -> list[dict]:
     """Rows of split `name` (text-only columns), tasks in equal shares, deterministic."""
     if name not in SPLITS:
         raise ValueError(f"unknown synthetic split {name!r}; valid: {', '.join(SPLITS)}")
-    size, seed, buckets = SPLITS[name]
-    n = size if n is None else n
-    rng = random.Random(seed)
+    split = SPLITS[name]
+    n = split.rows if n is None else n
+    rng = random.Random(split.seed)
+    noise_rng = random.Random(f"noise-{split.seed}")  # its own stream: noise never changes which crops a split holds
     tasks = list(GENERATORS)
     rows, seen = [], set()
     while len(rows) < n:
         task = tasks[len(rows) % len(tasks)]
-        example = blot(rng, GENERATORS[task](rng))
-        if _bucket(example) not in buckets or (example.source, example.target) in seen:
+        clean = GENERATORS[task](rng, split.text_lines) if task == "text" else GENERATORS[task](rng)
+        example = blot(rng, clean)
+        # bucket and duplicates by the true example, so noise never moves a row across splits
+        if _bucket(example) not in split.buckets or (example.source, example.target) in seen:
             continue
         seen.add((example.source, example.target))
+        example = mislabel(noise_rng, example, split.noise)
         rows.append({"prompt": prompt_for(example), "target": example.target, "task_type": task})
     return rows
 
 
-def build_split(name: str, n: int | None = None, with_images: bool = False):
-    """The built-in split `name` (`tiny-train`, `tiny`, `tiny-probe`) as a `datasets.Dataset`.
-
-    `with_images=True` adds an `image` column (PIL rendering of the crop) and sets `prompt` to the bare
-    task prompt, as a vision-language policy expects.
-    """
+def build_split(name: str, n: int | None = None):
+    """The built-in split `name` (see `SPLITS`) as a `datasets.Dataset`; `data.render` adds images."""
     import datasets
 
-    rows = generate(name, n)
-    if with_images:
-        from data.render import render_row
-
-        for row in rows:
-            row["image"] = render_row(row)
-            row["prompt"] = row["prompt"].split("\n", 1)[0]
-        features = datasets.Features({"prompt": datasets.Value("string"), "target": datasets.Value("string"),
-                                      "task_type": datasets.Value("string"), "image": datasets.Image()})
-        return datasets.Dataset.from_list(rows, features=features)
-    return datasets.Dataset.from_list(rows)
+    return datasets.Dataset.from_list(generate(name, n))

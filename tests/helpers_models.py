@@ -119,3 +119,46 @@ def _save_joint(model, tok, out_dir: Path, bd_size: int) -> Path:
     add_mask_token(model, tok)
     save_joint_checkpoint(model, tok, out_dir, bd_size=bd_size)
     return out_dir
+
+
+# (task, prompt, target) of the image pools the VLM tests train on
+VLM_POOL_ROWS = (("table", "Table Recognition:", "<table><tr><td>1</td><td>2</td></tr></table>"),
+                 ("text", "Text Recognition:", "north"),
+                 ("formula", "Formula Recognition:", "x^{2}"))
+
+
+def write_image_pool(folder: Path) -> Path:
+    """`folder/pool.jsonl` over VLM_POOL_ROWS, each with its own small crop PNG (a path relative to the file)."""
+    import json
+
+    from PIL import Image, ImageDraw
+
+    rows = []
+    for i, (task, prompt, target) in enumerate(VLM_POOL_ROWS):
+        image = Image.new("RGB", (24, 16), "white")
+        ImageDraw.Draw(image).rectangle([2 + 4 * i, 2, 10 + 4 * i, 12], fill="black")
+        image.save(Path(folder) / f"crop{i}.png")
+        rows.append({"image": f"crop{i}.png", "prompt": prompt, "target": target, "task_type": task})
+    pool = Path(folder) / "pool.jsonl"
+    pool.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return pool
+
+
+def random_image(gen: torch.Generator, width: int, height: int):
+    """A PIL image of uniform random pixels."""
+    from PIL import Image
+
+    pixels = torch.randint(0, 256, (height, width, 3), generator=gen, dtype=torch.uint8).numpy()
+    return Image.fromarray(pixels)
+
+
+def glm_with_image_rows(folder: Path, prompts: list[str], seed: int = 0):
+    """(loaded tiny GLM-OCR joint checkpoint, its GLM processor, one row per prompt with a random crop of
+    4 to 21 image tokens)."""
+    from grpo.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(build_glmocr_checkpoint(folder), need_drafter=True)
+    gen = torch.Generator().manual_seed(seed)
+    rows = [{"prompt": prompt, "image": random_image(gen, 8 + 4 * (i % 5), 8 + 4 * (i % 3))}
+            for i, prompt in enumerate(prompts)]
+    return ckpt, build_glm_processor(ckpt.processor), rows

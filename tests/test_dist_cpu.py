@@ -1,5 +1,6 @@
 """Multi-process GRPO on CPU (issue 13): `accelerate launch` with configs/accelerate/cpu_2proc.yaml (2 processes,
-gloo), a colocated in-process vLLM engine on each rank, the tiny default. About 1 minute on 2 cores.
+gloo), a colocated in-process vLLM engine on each rank, the tiny default; the same under DeepSpeed ZeRO-3 with its
+CPU accelerator (configs/accelerate/cpu_zero3_2proc.yaml). About 1 minute each on 2 cores.
 The launch config says MULTI_GPU with use_cpu: accelerate's MULTI_CPU on one machine starts a single process."""
 from __future__ import annotations
 
@@ -25,15 +26,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_process_grpo_with_a_vllm_engine_per_rank(tmp_path):
+@pytest.mark.parametrize("launch, env_extra", [
+    ("cpu_2proc.yaml", {}),                                 # DDP: a full policy copy per rank
+    ("cpu_zero3_2proc.yaml", {"DS_ACCELERATOR": "cpu"}),    # ZeRO-3: sharded weights, gathered for sync and probe
+])
+def test_two_process_grpo_with_a_vllm_engine_per_rank(tmp_path, launch, env_extra):
     accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
     if accelerate is None:
         pytest.skip("accelerate's launcher is not installed beside this python")
     out = tmp_path / "dist"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
-           "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-    cmd = [accelerate, "launch", "--config_file", str(ROOT / "configs/accelerate/cpu_2proc.yaml"),
+           "VLLM_CPU_OMP_THREADS_BIND": "nobind", **env_extra}
+    cmd = [accelerate, "launch", "--config_file", str(ROOT / "configs/accelerate" / launch),
            "--main_process_port", str(_free_port()), "-m", "grpo.cli", "train",
            "--config", str(ROOT / "configs/tiny_cpu.yaml"), "--max-steps", str(STEPS),
            "--tpf-every", str(EVERY), "--output-dir", str(out), "--set", "save_steps=1000"]

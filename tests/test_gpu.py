@@ -72,12 +72,11 @@ def test_two_grpo_steps_on_cuda_vllm_tiny_default(tmp_path):
 @pytest.fixture
 def glm_run(tmp_path):
     """A tiny random GLM-OCR with a real processor (torchvision is on the GPU stack) and an image pool."""
-    from PIL import Image, ImageDraw
     from transformers import AutoTokenizer, Glm46VProcessor
     from transformers.models.glm46v.image_processing_pil_glm46v import Glm46VImageProcessorPil
     from transformers.models.glm46v.video_processing_glm46v import Glm46VVideoProcessor
 
-    from helpers_models import GLM_CHAT_TEMPLATE, build_glmocr_checkpoint
+    from helpers_models import GLM_CHAT_TEMPLATE, build_glmocr_checkpoint, write_image_pool
 
     ckpt_dir = build_glmocr_checkpoint(tmp_path / "ckpt", head_dim=32)
     tokenizer = AutoTokenizer.from_pretrained(ckpt_dir)
@@ -86,16 +85,7 @@ def glm_run(tmp_path):
     videos = Glm46VVideoProcessor(patch_size=2, temporal_patch_size=1, merge_size=2)
     Glm46VProcessor(image_processor=images, tokenizer=tokenizer, video_processor=videos,
                     chat_template=GLM_CHAT_TEMPLATE).save_pretrained(ckpt_dir)
-    rows = []
-    for i, (task, prompt, target) in enumerate([
-            ("table", "Table Recognition:", "<table><tr><td>1</td></tr></table>"),
-            ("text", "Text Recognition:", "north"), ("formula", "Formula Recognition:", "x^{2}")]):
-        image = Image.new("RGB", (24, 16), "white")
-        ImageDraw.Draw(image).rectangle([2 + 4 * i, 2, 10 + 4 * i, 12], fill="black")
-        image.save(tmp_path / f"crop{i}.png")
-        rows.append({"image": f"crop{i}.png", "prompt": prompt, "target": target, "task_type": task})
-    pool = tmp_path / "pool.jsonl"
-    pool.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pool = write_image_pool(tmp_path)
     return ckpt_dir, pool
 
 

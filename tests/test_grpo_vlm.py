@@ -8,12 +8,11 @@ transformers' own PIL-backed GLM image processor: the real image preprocessing a
 """
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
 
-from helpers_models import IMAGE_TOKENS, build_glmocr_checkpoint
+from helpers_models import IMAGE_TOKENS, build_glmocr_checkpoint, write_image_pool
 
 pytestmark = pytest.mark.slow
 
@@ -41,21 +40,9 @@ def image_only_processor(tokenizer):
 
 @pytest.fixture(scope="module")
 def vlm(tmp_path_factory):
-    from PIL import Image, ImageDraw
-
     root = tmp_path_factory.mktemp("vlm")
     ckpt_dir = build_glmocr_checkpoint(root / "ckpt")
-    rows = []
-    for i, (task, prompt, target) in enumerate([
-            ("table", "Table Recognition:", "<table><tr><td>1</td><td>2</td></tr></table>"),
-            ("text", "Text Recognition:", "north"),
-            ("formula", "Formula Recognition:", "x^{2}")]):
-        image = Image.new("RGB", (24, 16), "white")
-        ImageDraw.Draw(image).rectangle([2 + 4 * i, 2, 10 + 4 * i, 12], fill="black")
-        image.save(root / f"crop{i}.png")
-        rows.append({"image": f"crop{i}.png", "prompt": prompt, "target": target, "task_type": task})
-    pool = root / "pool.jsonl"
-    pool.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pool = write_image_pool(root)
     return ckpt_dir, pool, root
 
 

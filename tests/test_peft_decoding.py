@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from PIL import Image
 
-from grpo.checkpoint import load_checkpoint
 from grpo.decoding.kv_session import Session, stop_token_ids
 from grpo.decoding.selfspec import SelfSpecDecoder, ar_generate
 from grpo.prompting import encode_prompt
-from helpers_models import build_glm_processor, build_glmocr_checkpoint
+from helpers_models import glm_with_image_rows
 
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")
 
@@ -20,16 +18,9 @@ MAX_NEW = 32
 
 @pytest.fixture(scope="module")
 def glm(tmp_path_factory):
-    ckpt = load_checkpoint(build_glmocr_checkpoint(tmp_path_factory.mktemp("vlm")), need_drafter=True)
-    processor = build_glm_processor(ckpt.processor)
-    gen = torch.Generator().manual_seed(1)
-    inputs = []
-    for i in range(4):
-        size = (8 + 4 * i, 12)
-        pixels = torch.randint(0, 256, (size[1], size[0], 3), generator=gen, dtype=torch.uint8).numpy()
-        row = {"prompt": ("Text Recognition:", "Table Recognition:")[i % 2], "image": Image.fromarray(pixels)}
-        inputs.append(encode_prompt(processor, row, True))
-    return ckpt, inputs
+    prompts = [("Text Recognition:", "Table Recognition:")[i % 2] for i in range(4)]
+    ckpt, processor, rows = glm_with_image_rows(tmp_path_factory.mktemp("vlm"), prompts, seed=1)
+    return ckpt, [encode_prompt(processor, row, True) for row in rows]
 
 
 def _lora(model):

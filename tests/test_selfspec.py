@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from PIL import Image
 
 from grpo.checkpoint import load_checkpoint
 from grpo.decoding.kv_session import Session, stop_token_ids
 from grpo.decoding.diffusion import diffusion_generate
 from grpo.prompting import encode_prompt
 from grpo.decoding.selfspec import SelfSpecDecoder, ar_generate
-from helpers_models import build_glm_processor, build_glmocr_checkpoint, build_text_checkpoint
+from helpers_models import build_text_checkpoint, glm_with_image_rows
 
 # transformers' Glm46VProcessor calls np.array on a tensor row; numpy 2 warns about the copy keyword
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")
@@ -44,14 +43,7 @@ def text_arch(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def vlm_arch(tmp_path_factory):
-    ckpt = load_checkpoint(build_glmocr_checkpoint(tmp_path_factory.mktemp("vlm")), need_drafter=True)
-    processor = build_glm_processor(ckpt.processor)
-    gen = torch.Generator().manual_seed(0)
-    rows = []
-    for i in range(N_PROMPTS):
-        size = (8 + 4 * (i % 5), 8 + 4 * (i % 3))  # (width, height): 4 to 21 image tokens
-        pixels = torch.randint(0, 256, (size[1], size[0], 3), generator=gen, dtype=torch.uint8).numpy()
-        rows.append({"prompt": _text(i), "image": Image.fromarray(pixels)})
+    ckpt, processor, rows = glm_with_image_rows(tmp_path_factory.mktemp("vlm"), [_text(i) for i in range(N_PROMPTS)])
     return Arch(ckpt, processor, rows)
 
 

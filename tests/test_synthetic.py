@@ -1,11 +1,17 @@
 """Synthetic OCR splits (SPEC §3 columns), their disjointness, the tiny tokenizer and the PIL rendering."""
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import re
 
 import pytest
 
-from data.synthetic import BLOT, GENERATORS, SPLITS, TASK_PROMPTS, Example, blot, build_split, gen_table, generate
+from data.render import build_image_split
+from data.synthetic import (
+    BLOT, GENERATORS, MISLABELS, SPLITS, TASK_PROMPTS, Example, blot, build_split, gen_table, generate,
+)
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +25,7 @@ def tokenizer():
 def test_split_columns_prompts_and_task_shares():
     ds = build_split("tiny-probe")
     assert ds.column_names == ["prompt", "target", "task_type"]
-    assert len(ds) == SPLITS["tiny-probe"][0]
+    assert len(ds) == SPLITS["tiny-probe"].rows
     assert {t: ds["task_type"].count(t) for t in TASK_PROMPTS} == {"text": 20, "table": 20, "formula": 20}
     for row in ds:
         head, source = row["prompt"].split("\n", 1)
@@ -30,15 +36,62 @@ def test_split_columns_prompts_and_task_shares():
             assert all(s == t or s == BLOT for s, t in zip(source, row["target"]))
 
 
+def test_tiny_train_is_unchanged():
+    """The base recipe (and its tokenizer) trains on `tiny-train`: its rows, pinned before `tiny-noisy` existed."""
+    rows = generate("tiny-train")
+    digest = hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
+    assert digest == "96716aed5111c26a50d83cbb6f2ee62676e079c92ddd70882eb6035a0c09f472"
+
+
+def _crop(row: dict) -> str:
+    return row["prompt"].split("\n", 1)[1]
+
+
 def test_splits_are_deterministic_and_disjoint():
+    """The pool and the probe share no example with any other split (training splits may share theirs)."""
     assert generate("tiny", 30) == generate("tiny", 30)
-    seen = {}
-    for name in SPLITS:
-        n = 3000 if name == "tiny-train" else None
-        keys = {(r["prompt"], r["target"]) for r in generate(name, n)}
-        for other, other_keys in seen.items():
-            assert not keys & other_keys, f"{name} shares an example with {other}"
-        seen[name] = keys
+    keys = {name: {(r["prompt"], r["target"]) for r in generate(name, min(3000, SPLITS[name].rows))}
+            for name in SPLITS}
+    for name in ("tiny", "tiny-probe"):
+        for other in SPLITS:
+            assert other == name or not keys[name] & keys[other], f"{name} shares an example with {other}"
+
+
+def test_pool_and_probe_show_longer_text_crops():
+    """3-5 lines in the GRPO pool and the probe (steady text TPF); `tiny-train` keeps its 1-3."""
+    for name, counts in (("tiny", {3, 4, 5}), ("tiny-probe", {3, 4, 5}), ("tiny-noisy", {3, 4, 5}),
+                         ("tiny-train", {1, 2, 3})):
+        lines = {_crop(r).count("\n") + 1 for r in generate(name, 300) if r["task_type"] == "text"}
+        assert lines == counts, name
+
+
+def test_mislabels_act_at_their_decision_point():
+    assert MISLABELS["text"]("A b.\nC d\nE f.") == "A b.\nC d"
+    table = "<table><tr><td>a</td></tr><tr><td>1</td></tr><tr><td>2</td></tr></table>"
+    assert MISLABELS["table"](table) == "<table><tr><td>a</td></tr><tr><td>1</td></tr></table>"
+    assert MISLABELS["formula"](r"\frac{a}{b_{1}}") == r"\frac{a}{b_{1}"
+    assert MISLABELS["formula"](r"x^{2} + y") == r"x^{2} + y"    # no final brace: no decision point
+
+
+def test_only_tiny_noisy_is_mislabeled_at_about_its_rate(monkeypatch):
+    """`tiny-noisy` is its clean self with ~60% of the targets mislabeled at the decision point, never
+    elsewhere; the prompts (what the crop shows) are the clean ones. Every other split is noise-free."""
+    assert [name for name, split in SPLITS.items() if split.noise] == ["tiny-noisy"]
+    noisy = generate("tiny-noisy", 3000)
+    monkeypatch.setitem(SPLITS, "tiny-noisy", dataclasses.replace(SPLITS["tiny-noisy"], noise=0.0))
+    clean = generate("tiny-noisy", 3000)
+    flipped = {task: [] for task in TASK_PROMPTS}
+    for n, c in zip(noisy, clean):
+        assert n["prompt"] == c["prompt"] and n["task_type"] == c["task_type"]
+        wrong = MISLABELS[c["task_type"]](c["target"])
+        if wrong != c["target"]:          # crops with a decision point
+            assert n["target"] in (c["target"], wrong)
+            flipped[c["task_type"]].append(n["target"] == wrong)
+        else:
+            assert n["target"] == c["target"]
+    for task, marks in flipped.items():
+        assert len(marks) > 400, task
+        assert 0.55 < sum(marks) / len(marks) < 0.65, task
 
 
 def test_unknown_split_names_the_valid_ones():
@@ -149,7 +202,7 @@ def test_tokenizer_loads_with_autotokenizer(tokenizer, tmp_path):
 
 
 def test_vlm_rows_carry_rendered_images_and_bare_prompts():
-    ds = build_split("tiny-probe", 6, with_images=True)
+    ds = build_image_split("tiny-probe", 6)
     assert set(ds.column_names) == {"prompt", "target", "task_type", "image"}
     for row in ds:
         assert row["prompt"] == TASK_PROMPTS[row["task_type"]]

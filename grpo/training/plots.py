@@ -36,7 +36,7 @@ def plot_drift(records: Sequence[dict], path: str | Path,
     import matplotlib.pyplot as plt
 
     records = sorted(records, key=lambda r: r["step"])
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(7, 4.6))
     _lines(ax, records, "tpf", "tpf_by_task", "TPF", "tab:blue")
     ax.set_xlabel("GRPO step")
     ax.set_ylabel("tokens per forward")
@@ -48,7 +48,8 @@ def plot_drift(records: Sequence[dict], path: str | Path,
     twin.set_ylim(top=1.02)  # rewards lie in [0, 1]; the lower end follows the data
     handles, labels = ax.get_legend_handles_labels()
     more_handles, more_labels = twin.get_legend_handles_labels()
-    ax.legend(handles + more_handles, labels + more_labels, loc="lower left", fontsize=7, ncol=2)
+    ax.legend(handles + more_handles, labels + more_labels, loc="upper center", bbox_to_anchor=(0.5, -0.16),
+              fontsize=7, ncol=4, frameon=False)  # below the axes: the lines fill the plot
     ax.set_title(title)
     return _save(fig, path)
 
