@@ -35,7 +35,7 @@ def test_selection_modes_and_truncation():
 
 def test_batch_is_joint_trainings_layout_with_only_corrupted_targets():
     """P=2, completion (a, b) then EOS; B=2: response (a, b, E, E), R=4, streams at 6..9 and 10..13."""
-    P, B, MASK, EOS, PAD = 2, 2, 99, 1, 0
+    B, MASK, EOS, PAD = 2, 99, 1, 0  # the prompt keeps its 2 unpadded tokens
     a, b = 11, 12
     inputs = {"prompt_ids": torch.tensor([[PAD, 7, 8]]), "prompt_mask": torch.tensor([[0, 1, 1]]),
               "completion_ids": torch.tensor([[a, b, EOS, PAD, PAD]])}
