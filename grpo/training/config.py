@@ -81,7 +81,6 @@ class GravityGRPOConfig(GRPOConfig):
                 "training) or 'greedy' (the verifier's argmax at that place, read off the clean stream)."})
 
     def __post_init__(self):
-        _free_master_port()
         super().__post_init__()
         if self.probe_size < 1:
             raise ConfigError(f"probe_size must be >= 1, got {self.probe_size}")
@@ -126,23 +125,6 @@ class GravityGRPOConfig(GRPOConfig):
 
         return LoraConfig(r=self.lora_r, lora_alpha=self.lora_alpha, lora_dropout=self.lora_dropout,
                           target_modules=self.lora_target_modules, task_type="CAUSAL_LM")
-
-
-def _free_master_port() -> None:
-    """Give a process that no launcher started a free `MASTER_PORT` before TRL sets up its devices.
-
-    On CPU, accelerate runs even a single process as a one-rank gloo group, on port 29500 unless MASTER_PORT
-    is set; a second run on the same machine then fails with EADDRINUSE. Launchers set MASTER_PORT (and
-    WORLD_SIZE), and those are left alone.
-    """
-    import os
-    import socket
-
-    if "MASTER_PORT" in os.environ or "WORLD_SIZE" in os.environ:
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        os.environ["MASTER_PORT"] = str(s.getsockname()[1])
 
 
 def config_fields() -> set[str]:
