@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers_env import child_env
 
 from grpo.mining.miner import MineConfig, merge, mine, parse_shard
 from grpo.mining.sampling import Rollout
@@ -206,8 +207,8 @@ def test_kill_and_resume_loses_and_repeats_nothing(tmp_path, ckpt, llm):
     cmd = [sys.executable, "-c", KILLED_CHILD, "mine", "--model", str(ckpt), "--data", data, "--out", str(killed),
            "--k", "4", "--max-tokens", "32", "--chunk-size", "1", "--dtype", "float32", "--no-progress"]
     proc = subprocess.run(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "KILL_AFTER": str(KILL_AFTER),
-                               "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))})
+                          env=child_env(OMP_NUM_THREADS="1", KILL_AFTER=str(KILL_AFTER),
+                                        PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))))
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert not MiningStore(killed).done.exists()
     assert len(MiningStore(killed).read_parts()) == KILL_AFTER  # chunk_size 1: one prompt per part
