@@ -117,6 +117,10 @@ class GravityGRPOConfig(GRPOConfig):
             raise ConfigError(f"LoRA settings out of range: lora_r={self.lora_r} (>= 1), "
                               f"lora_alpha={self.lora_alpha} (> 0), lora_dropout={self.lora_dropout} (in [0, 1))")
 
+    def compares_ar_at(self, step: int) -> bool:
+        """Whether the TPF probe at `step` also decodes AR greedy (`tpf_compare_ar`)."""
+        return self.tpf_compare_ar == "always" or (self.tpf_compare_ar == "first" and step == 0)
+
     def peft_config(self):
         """The peft `LoraConfig` for `use_peft`, else None."""
         if not self.use_peft:

@@ -107,18 +107,18 @@ def batch_facts(cfg: Any, num_processes: int, pool_rows: int | None) -> dict[str
 
 def probe_facts(cfg: Any, num_processes: int, tpf: float = ASSUMED_TPF) -> dict[str, str]:
     """Forwards per TPF probe, upper bound (every output runs to `tpf_max_new_tokens`) at `tpf` tokens per
-    forward; the AR comparison adds one forward per token."""
+    forward; a probe that also checks AR greedy (`tpf_compare_ar`) adds one forward per token."""
     if cfg.tpf_every <= 0:
         return {"TPF probe": "off (tpf_every 0)"}
     tokens = cfg.probe_size * cfg.tpf_max_new_tokens
     selfspec = math.ceil(tokens / tpf)
-    total = selfspec + (tokens if cfg.tpf_compare_ar else 0)
+    first, later = (selfspec + (tokens if cfg.compares_ar_at(step) else 0) for step in (0, cfg.tpf_every))
     probes = 1 + cfg.max_steps // cfg.tpf_every + (1 if cfg.max_steps % cfg.tpf_every else 0)
-    ar = f" + {tokens:,} AR comparison" if cfg.tpf_compare_ar else ""
-    return {"TPF probe cost": (f"<= {total:,} batch-1 forwards per probe ({cfg.probe_size} prompts x "
-                               f"{cfg.tpf_max_new_tokens} tokens / TPF {tpf}, the paper's at B = 32, = {selfspec:,} self-spec{ar}), "
-                               f"~{math.ceil(total / num_processes):,} per rank if sharded over {num_processes}; "
-                               f"{probes} probes in {cfg.max_steps} steps")}
+    return {"TPF probe cost": (f"<= {first:,} batch-1 forwards at step 0 and {later:,} per later probe "
+                               f"({cfg.probe_size} prompts x {cfg.tpf_max_new_tokens} tokens / TPF {tpf}, the "
+                               f"paper's at B = 32, = {selfspec:,} self-spec, + {tokens:,} where AR greedy is "
+                               f"compared: tpf_compare_ar {cfg.tpf_compare_ar}), ~{math.ceil(later / num_processes):,} "
+                               f"per rank if sharded over {num_processes}; {probes} probes in {cfg.max_steps} steps")}
 
 
 def _field_default(name: str) -> Any:

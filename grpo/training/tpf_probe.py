@@ -74,7 +74,7 @@ class TpfProbeCallback(TrainerCallback):
 
         trainer = self.trainer
         rank, world = trainer.accelerator.process_index, trainer.accelerator.num_processes
-        compare_ar = args.tpf_compare_ar == "always" or (args.tpf_compare_ar == "first" and state.global_step == 0)
+        compare_ar = args.compares_ar_at(state.global_step)
         start = time.perf_counter()
         records, error = [], None
         with trainer.timed("tpf_probe"), unwrap_model_for_generation(
