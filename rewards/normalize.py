@@ -23,10 +23,11 @@ The only deliberate difference: OmniDocBench re-serializes table HTML through Be
 string steps; here the DOM edits are done on the string itself (same result on well-formed markup, and no
 extra dependency). The anchors' TEDS, TEDS-struct and NED values are reproduced exactly.
 
-Time is linear in the input: the lazy regexes of upstream (`\\[(.+?)\\]`, `\\tag\{.*?\}`, `<math>.*?</math>`, ...)
+Time is linear in the input: the lazy regexes of upstream (`\\[(.+?)\\]`, `\\tag{.*?}`, `<math>.*?</math>`, ...)
 rescan the rest of the line from every opening that has no closing, which is quadratic on a flood of
 openings (64 KB of `\\[` took 45 s). Each is restated as a scan that gives the same result and stops at the
-first opening that cannot close (`tests/test_rewards_normalize.py` compares them on random markup).
+first opening that cannot close (`tests/test_rewards_normalize.py` checks each against its regex on
+random markup).
 """
 from __future__ import annotations
 
@@ -47,6 +48,15 @@ def _latex_converter():
     from pylatexenc.latex2text import LatexNodes2Text  # pure python, imported on first inline formula
 
     return LatexNodes2Text()
+
+
+@functools.lru_cache(maxsize=4096)  # a page repeats its symbols; a flood of one formula renders it once
+def _rendered(content: str) -> str | None:
+    """pylatexenc's unicode rendering of one inline formula, stripped; None when it cannot parse it."""
+    try:
+        return _latex_converter().latex_to_text(content).strip()
+    except Exception:  # noqa: BLE001 - OmniDocBench leaves unparseable formulas as they are
+        return None
 
 
 def _inline_math(text: str):
@@ -85,11 +95,10 @@ def inline_math_to_unicode(text: str) -> str:
             continue
         if content.endswith("\\"):
             content += " "
-        try:
-            rendered = _latex_converter().latex_to_text(content)
-        except Exception:  # noqa: BLE001 - OmniDocBench leaves unparseable formulas as they are
+        rendered = _rendered(content)
+        if rendered is None:
             continue
-        pieces += [text[done:start], rendered.strip()]
+        pieces += [text[done:start], rendered]
         done = end
     return "".join(pieces) + text[done:]
 

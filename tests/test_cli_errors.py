@@ -75,7 +75,7 @@ def _tpf_missing(d):
 def _bad_row(d):
     pool = _jsonl(d / "pool.jsonl", [GOOD_ROW, {**GOOD_ROW, "task_type": "chart"}])
     return (["pool-stats", pool, "--png", str(d / "h.png")],
-            [f"prompt pool {pool}: 1 bad row(s) of 2", "(flag --skip-bad)", "row 1: unknown task_type 'chart'"])
+            [f"prompt pool {pool}: 1 bad row(s) of 2", "(flag --skip-bad)", "line 2: unknown task_type 'chart'"])
 
 
 def _no_config_json(d):
