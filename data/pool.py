@@ -162,19 +162,19 @@ def _read_parquet(path: Path, spec: str):
         raise PoolError(spec, f"not a readable parquet file ({_first_line(err)})") from None
 
 
-def read_dataset_folder(path: Path, what: str):
+def read_dataset_folder(path: Path, what: str, expected: str = FORMATS):
     """`datasets.load_from_disk(path)`, or a `UserError` starting with `what` that names the damaged file, or
-    says the folder is no save_to_disk dataset (a folder of parquet shards included)."""
+    says the folder is no save_to_disk dataset (a folder of parquet shards included) and that `expected` was."""
     import pyarrow as pa
     from datasets import Dataset, load_from_disk
 
     markers = [path / name for name in ("state.json", "dataset_info.json", "dataset_dict.json")]
     if not any(m.is_file() for m in markers):
         if any(path.glob("*.parquet")):
-            raise UserError(f"{what}: a folder of parquet files, not a save_to_disk dataset; give one .parquet "
-                            "file, or join the shards into one")
+            raise UserError(f"{what}: a folder of parquet files, not a save_to_disk dataset; expected {expected} "
+                            "(give one .parquet file, or join the shards into one)")
         raise UserError(f"{what}: a folder without state.json or dataset_dict.json, so not a save_to_disk "
-                        f"dataset; expected {FORMATS}")
+                        f"dataset; expected {expected}")
     for marker in markers:
         if marker.is_file():
             try:
