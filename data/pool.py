@@ -72,12 +72,12 @@ def load_pool(spec: str, skip_bad: bool = False, index_column: str | None = None
         rows = [{**row, "image": _jsonl_image(row["image"])} if "image" in row else row for row in rows]
     elif "image" in rows.column_names and isinstance(rows.features["image"], Image):
         rows = rows.cast_column("image", Image(decode=False))  # validate before decoding
-    columns = _columns(rows)
-    missing = [c for c in REQUIRED_COLUMNS if c not in columns]
-    if missing:
-        raise PoolError(spec, f"missing column(s) {', '.join(missing)} (has: {', '.join(columns) or 'none'})")
     if len(rows) == 0:
         raise PoolError(spec, "no rows")
+    columns = _columns(rows)
+    missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+    if missing:  # with the lines that could not be read: they may be why
+        raise PoolError(spec, f"missing column(s) {', '.join(missing)} (has: {', '.join(columns) or 'none'})", bad)
     has_image = "image" in columns and any(v is not None for v in _column(rows, "image"))
     if "image" in columns and not has_image:
         log.info("pool %s: the image column is empty everywhere; treating the pool as text-only", spec)
@@ -234,34 +234,38 @@ def _from_rows(rows: list[dict], columns: list[str], spec: str, lines: list[int]
 
     try:
         return Dataset.from_list([{c: row.get(c) for c in columns} for row in rows])
-    except (TypeError, ValueError) as err:  # pyarrow errors subclass these
-        raise PoolError(spec, _mixed_types(rows, columns, lines) or
+    except (TypeError, ValueError, OverflowError) as err:  # pyarrow errors subclass these
+        raise PoolError(spec, _unstorable(rows, columns, lines) or
                         f"a column mixes value types across rows ({_first_line(err)})") from err
 
 
-def _mixed_types(rows: list[dict], columns: list[str], lines: list[int]) -> str | None:
-    """Which line first gives a column a value type that does not fit the lines before it, or None."""
+def _arrow_error(values: list) -> Exception | None:
     import pyarrow as pa
 
+    try:
+        pa.array(values)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError) as err:
+        return err
+    return None
+
+
+def _unstorable(rows: list[dict], columns: list[str], lines: list[int]) -> str | None:
+    """The first line whose value of a column cannot join the lines before it in one typed column, or None."""
     for column in columns:
         values = [row.get(column) for row in rows]
-        try:
-            pa.array(values)
+        if _arrow_error(values) is None:
             continue
-        except (pa.ArrowException, TypeError, ValueError):
-            pass
         good, bad = 0, len(values)  # the first `good` values convert, the first `bad` do not
         while bad - good > 1:
             middle = (good + bad) // 2
-            try:
-                pa.array(values[:middle])
-                good = middle
-            except (pa.ArrowException, TypeError, ValueError):
-                bad = middle
+            good, bad = (middle, bad) if _arrow_error(values[:middle]) is None else (good, middle)
         value = values[bad - 1]
-        before = next((type(v).__name__ for v in values[:bad - 1] if v is not None), "another type")
-        return (f"line {lines[bad - 1]}: column {column!r} holds {type(value).__name__} ({value!r:.40}) "
-                f"where the lines before hold {before}")
+        before = {type(v).__name__ for v in values[:bad - 1] if v is not None}
+        if before and before != {type(value).__name__}:
+            why = f"where the lines before hold {', '.join(sorted(before))}"
+        else:
+            why = f"which cannot be stored with the lines before ({_first_line(_arrow_error(values[:bad]))})"
+        return f"line {lines[bad - 1]}: column {column!r} holds {type(value).__name__} ({value!r:.40}) {why}"
     return None
 
 

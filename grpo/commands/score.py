@@ -33,7 +33,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="reading of the table shape bonus (default clipped; SPEC §4)")
     parser.add_argument("--explain", action="store_true", help="also print the reward's components")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    parser.add_argument("--workers", type=int, default=None, help="worker processes for --pairs (default: CPUs)")
+    parser.add_argument("--workers", type=_positive, default=None, help="worker processes for --pairs (default: CPUs)")
+
+
+def _positive(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
 
 
 def read_text_file(path: str, what: str) -> str:

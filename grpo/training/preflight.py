@@ -69,6 +69,9 @@ def read_accelerate_config(path: str | Path | None) -> dict[str, Any]:
     if raw is not None and not isinstance(raw, dict):
         raise ConfigError(f"accelerate config {path}: a {type(raw).__name__}, expected a mapping of launch settings "
                           "(num_processes: 2, ...)")
+    processes = (raw or {}).get("num_processes")
+    if processes is not None and (isinstance(processes, bool) or not isinstance(processes, int) or processes < 1):
+        raise ConfigError(f"accelerate config {path}: num_processes {processes!r:.40} is not an integer >= 1")
     return raw or {}
 
 
