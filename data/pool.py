@@ -157,16 +157,17 @@ def _read_parquet(path: Path, spec: str):
     from datasets import Dataset
 
     try:  # datasets reads its argument as a glob: a folder named like `[exp1]` must not be a pattern
-        return Dataset.from_parquet(glob.escape(str(path)))
+        return Dataset.from_parquet(glob.escape(str(path.resolve())))  # relative: datasets prepends the cwd
     except (pa.ArrowException, OSError, ValueError) as err:
         raise PoolError(spec, f"not a readable parquet file ({_first_line(err)})") from None
 
 
 def read_dataset_folder(path: Path, what: str, expected: str = FORMATS):
     """`datasets.load_from_disk(path)`, or a `UserError` starting with `what` that names the damaged file, or
-    says the folder is no save_to_disk dataset (a folder of parquet shards included) and that `expected` was."""
+    says the folder is no save_to_disk dataset (a folder of parquet shards included) and that `expected` was.
+    Turns off datasets' cache files for the process, so that nothing is ever written into `path`."""
     import pyarrow as pa
-    from datasets import Dataset, load_from_disk
+    from datasets import Dataset, disable_caching, load_from_disk
 
     markers = [path / name for name in ("state.json", "dataset_info.json", "dataset_dict.json")]
     if not any(m.is_file() for m in markers):
@@ -183,6 +184,9 @@ def read_dataset_folder(path: Path, what: str, expected: str = FORMATS):
                 raise UserError(f"{what}: {marker} is damaged (not JSON: {err})") from None
             if not isinstance(value, dict):
                 raise UserError(f"{what}: {marker} is damaged (not a JSON object)")
+    # datasets writes the cache files of later transforms (select, map, flatten) beside the arrow files it
+    # read: into the user's folder. Without its cache they go to a temporary folder, removed at exit.
+    disable_caching()
     try:
         return load_from_disk(str(path))
     except (pa.ArrowException, OSError, ValueError, TypeError, KeyError, AttributeError) as err:

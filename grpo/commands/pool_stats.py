@@ -31,10 +31,10 @@ def output_file(value: str | None, flag: str, pool: str, suffix: str | None = No
     path = Path(value)
     if not value.strip() or value.endswith(("/", "\\")) or path.name in ("", ".", ".."):
         raise UserError(f"{flag} {value!r}: give a file path")
-    if suffix and path.suffix.lower() != suffix:
-        raise UserError(f"{flag} {value}: the file name must end in {suffix}")
     if path.is_dir():
         raise UserError(f"{flag} {value}: is a folder; give a file path")
+    if suffix and path.suffix.lower() != suffix:
+        raise UserError(f"{flag} {value}: the file name must end in {suffix}")
     if not path.parent.is_dir():
         raise UserError(f"{flag} {value}: the folder {path.parent} does not exist (pool-stats creates none)")
     source = Path(pool)
