@@ -139,12 +139,13 @@ def _field_default(name: str) -> Any:
 
 
 def check_pool(spec: str, is_vlm: bool | None, report: PreflightReport, label: str = "pool") -> int | None:
-    """Read and validate a prompt pool (every bad row listed by index); return its row count."""
-    from data.pool import PoolError, load_pool
+    """Read and validate a prompt pool (every bad row listed by line or index); return its row count."""
+    from data.pool import load_pool
+    from grpo.errors import UserError
 
     try:
         ds = load_pool(spec)
-    except (PoolError, FileNotFoundError, OSError) as err:
+    except (UserError, OSError) as err:  # issue 17: an unreadable file or folder is a UserError too
         report.problems.append(f"{label}: {err}")
         return None
     if is_vlm and "image" not in ds.column_names:
