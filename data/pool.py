@@ -154,10 +154,14 @@ def _read(spec: str):
 
 def _read_parquet(path: Path, spec: str):
     import pyarrow as pa
+    import pyarrow.parquet as pq
     from datasets import Dataset
 
-    try:  # datasets reads its argument as a glob: a folder named like `[exp1]` must not be a pattern
-        return Dataset.from_parquet(glob.escape(str(path.resolve())))  # relative: datasets prepends the cwd
+    try:
+        pq.read_schema(path)  # a damaged file fails here, before datasets logs its own error about it
+        # datasets reads its argument as a glob: a folder named like `[exp1]` must not be a pattern; and it
+        # prepends the cwd to a relative one
+        return Dataset.from_parquet(glob.escape(str(path.resolve())))
     except (pa.ArrowException, OSError, ValueError) as err:
         raise PoolError(spec, f"not a readable parquet file ({_first_line(err)})") from None
 
