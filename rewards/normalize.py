@@ -25,7 +25,7 @@ extra dependency). The anchors' TEDS, TEDS-struct and NED values are reproduced 
 
 Time is linear in the input: the lazy regexes of upstream (`\\[(.+?)\\]`, `\\tag{.*?}`, `<math>.*?</math>`, ...)
 rescan the rest of the line from every opening that has no closing, which is quadratic on a flood of
-openings (64 KB of `\\[` took 45 s). Each is restated as a scan that gives the same result and stops at the
+openings (docs/errors.md has the measurements). Each is restated as a scan that gives the same result and stops at the
 first opening that cannot close (`tests/test_rewards_normalize.py` checks each against its regex on
 random markup).
 """
