@@ -103,3 +103,9 @@ def test_scans_match_the_upstream_regexes(text):
     assert n._table_body(text) == "".join(body.findall(text))
     for pattern, closing in ((n._UNWRAPPED, ">"), (n._DROPPED_ATTRS[0], '"'), (n._COLGROUP, "</colgroup>")):
         assert n._sub_before_last(pattern, closing, text) == pattern.sub("", text)
+
+
+def test_only_the_first_inline_formulas_are_rendered():
+    from rewards.normalize import MAX_INLINE_FORMULAS
+
+    assert normalize_text("$\\alpha$ " * (MAX_INLINE_FORMULAS + 1)) == "α" * MAX_INLINE_FORMULAS + "alpha"
