@@ -33,6 +33,8 @@ def output_file(value: str | None, flag: str, pool: str, suffix: str | None = No
         raise UserError(f"{flag} {value!r}: give a file path")
     if path.is_dir():
         raise UserError(f"{flag} {value}: is a folder; give a file path")
+    if path.exists() and not path.is_file():
+        raise UserError(f"{flag} {value}: exists and is not a regular file (pool-stats replaces only files)")
     if suffix and path.suffix.lower() != suffix:
         raise UserError(f"{flag} {value}: the file name must end in {suffix}")
     if not path.parent.is_dir():
@@ -61,10 +63,14 @@ def run(args: argparse.Namespace) -> int:
     rows = [[task, str(s["rows"]), f"{s['share']:.1%}", *(f"{s[f'p{q}_chars']:.0f}" for q in PERCENTILES),
              str(s["max_chars"])] for task, s in [*stats["tasks"].items(), ("all", stats["all"])]]
     print_table(f"{args.pool}: {stats['rows']} rows; reference length in characters", headers, rows)
-    if png is not None:
-        histogram_png(lengths, png, "reference length (characters)", f"{args.pool}: reference lengths")
-        console.print(f"wrote {png}", markup=False)
-    if json_path is not None:
-        atomic_write(json_path, json.dumps(stats, indent=2) + "\n")
-        console.print(f"wrote {json_path}", markup=False)
+    writes = [(png, lambda: histogram_png(lengths, png, "reference length (characters)",
+                                          f"{args.pool}: reference lengths")),
+              (json_path, lambda: atomic_write(json_path, json.dumps(stats, indent=2) + "\n"))]
+    for path, write in writes:
+        if path is not None:
+            try:
+                write()
+            except OSError as err:
+                raise UserError(f"cannot write {path} ({err.strerror or err})") from None
+            console.print(f"wrote {path}", markup=False)
     return 0

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from grpo.mining.selection import INDEX, is_dropped
-from grpo.mining.store import atomic_write, temporary
+from grpo.mining.store import atomic_write, temporary_file
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def histogram_png(values_by_task: dict[str, list[float]], path: Path, xlabel: st
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
-    tmp = temporary(path)  # renamed into place: a failed write leaves the old file
+    tmp = temporary_file(path)  # renamed into place: a failed write leaves the old file
     try:
         fig.savefig(tmp, dpi=100, format="png")
         os.replace(tmp, path)

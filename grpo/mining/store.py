@@ -96,9 +96,17 @@ def temporary(path: Path, kind: str = "tmp") -> Path:
     return path.with_name(f".{path.name}.{kind}{os.getpid()}")
 
 
+def temporary_file(path: Path) -> Path:
+    """`temporary(path)` for a file about to replace `path`; a `path` that exists but is no regular file (a
+    device such as /dev/null, a fifo, a folder) is refused: the rename would replace it."""
+    if path.exists() and not path.is_file():
+        raise UserError(f"{path} exists and is not a regular file; refusing to replace it")
+    return temporary(path)
+
+
 def atomic_write(path: Path, text: str) -> None:
     """Write, fsync, then rename: a reader (or a rerun after SIGKILL) sees the whole file or none."""
-    tmp = temporary(path)
+    tmp = temporary_file(path)
     with open(tmp, "w") as f:
         f.write(text)
         f.flush()
