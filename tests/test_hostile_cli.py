@@ -285,6 +285,28 @@ def test_pool_stats_writes_only_where_asked(here, capsys):
     assert sorted(p.name for p in here.iterdir()) == ["l.png", "pool.jsonl", "s.json"]  # no temporary left
 
 
+def test_no_writer_replaces_a_special_file(here, capsys):
+    import os
+    import stat
+
+    from grpo.mining.store import atomic_write
+
+    os.mkfifo(here / "pipe.json")
+    _refused(capsys, ["pool-stats", "tiny-probe", "--json", "pipe.json"], "--json pipe.json: exists and is not a "
+             "regular file")
+    with pytest.raises(UserError, match="is not a regular file; refusing to replace it"):
+        atomic_write(here / "pipe.json", "{}")
+    assert stat.S_ISFIFO(os.stat(here / "pipe.json").st_mode)
+
+
+def test_a_damaged_checkpoint_config_is_named(here, capsys):
+    (here / "ckpt").mkdir()
+    (here / "ckpt" / "config.json").write_text("{half")
+    _refused(capsys, ["mine", "--model", "ckpt", "--data", "tiny", "--out", "out"], "ckpt/config.json: not valid JSON",
+             inputs=(here,))
+    assert not (here / "out").exists()
+
+
 def test_narrow_terminal_gets_readable_rows(here, capsys, monkeypatch):
     from grpo.console import console
 

@@ -169,7 +169,8 @@ def check_manifest(run: MiningStore, manifest: dict) -> None:
                               "rerun with the same settings to resume, or choose another output folder",
                               setting="out")
         return
-    if not is_empty_folder(run.out):
+    if not is_empty_folder(run.out) and {p.name for p in run.out.iterdir()} != {run.work.name}:
+        # only mining/ without its manifest: a run killed before writing it, ours to start again
         raise MiningError(f"output {run.out} is not empty and holds no mining run (no mining/manifest.json); "
                           "mine writes only into a new or empty folder, or one of its own runs to resume it",
                           setting="out")
