@@ -101,17 +101,13 @@ def _components_table(result):
     return table
 
 
-def _summary_table(results):
-    from rich.table import Table
+def _print_summary(results) -> None:
+    from grpo.console import print_table
 
-    table = Table(title="OCR rewards per task")
-    for column in ("task", "n", "mean", "min", "max", "component means"):
-        table.add_column(column, justify="left" if column in ("task", "component means") else "right")
-    for task, summary in summarize(results).items():
-        parts = ", ".join(f"{name} {value:.3f}" for name, value in summary["components"].items())
-        table.add_row(task, str(summary["n"]), f"{summary['mean']:.4f}", f"{summary['min']:.4f}",
-                      f"{summary['max']:.4f}", parts)
-    return table
+    rows = [[task, str(summary["n"]), f"{summary['mean']:.4f}", f"{summary['min']:.4f}", f"{summary['max']:.4f}",
+             ", ".join(f"{name} {value:.3f}" for name, value in summary["components"].items())]
+            for task, summary in summarize(results).items()]
+    print_table("OCR rewards per task", ["task", "n", "mean", "min", "max", "component means"], rows)
 
 
 def summarize(results) -> dict[str, dict]:
@@ -170,7 +166,7 @@ def _run_pairs(args) -> int:
     elif args.check:
         _check_report(failed, checked, args.pairs)
     else:
-        console.print(_summary_table(results))
+        _print_summary(results)
     return CHECK_FAILED_EXIT if failed else 0
 
 
