@@ -144,7 +144,7 @@ def _read(spec: str):
             raise MissingFileError(f"prompt pool {spec}: no such file")
         if path.suffix == ".parquet":
             return _read_parquet(path, spec), path.parent, [], None
-        return _read_jsonl(path, spec)
+        return _read_jsonl(path)
     from data.synthetic import SPLITS, build_split
 
     if spec in SPLITS:
@@ -213,8 +213,8 @@ def _first_line(err: Exception) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
 
 
-def _read_jsonl(path: Path, spec: str):
-    """Parse a jsonl file (blank lines ignored); a line that is not UTF-8 JSON object is a bad, empty row."""
+def _read_jsonl(path: Path):
+    """Parse a jsonl file (blank lines ignored); a line that is no UTF-8 JSON object is a bad, empty row."""
     rows, bad, lines = [], [], []
     for number, row, problem in read_lines(path, "prompt pool"):
         if problem is None and not isinstance(row, dict):
