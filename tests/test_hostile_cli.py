@@ -258,6 +258,21 @@ def test_unreadable_pools_name_the_file(here, capsys):
     _refused(capsys, ["pool-stats", "shards"], "prompt pool shards: a folder of parquet files", inputs=(here,))
 
 
+def test_reading_a_dataset_folder_adds_no_file_to_it(here, capsys):
+    import io
+
+    from datasets import Dataset
+    from PIL import Image
+
+    png = io.BytesIO()
+    Image.new("RGB", (4, 3)).save(png, format="PNG")
+    Dataset.from_dict({**{k: [v, v] for k, v in GOOD_ROW.items()}, "image": [png.getvalue()] * 2}) \
+        .save_to_disk("pool")
+    _accepted(capsys, ["pool-stats", "pool"], inputs=(here / "pool",))
+    assert sorted(p.name for p in (here / "pool").iterdir()) == ["data-00000-of-00001.arrow", "dataset_info.json",
+                                                                 "state.json"]
+
+
 def test_mixed_value_types_name_line_and_column(here, capsys):
     pool = _lines(here / "pool.jsonl", [{**GOOD_ROW, "meta": 1}, "", {**GOOD_ROW, "meta": "one"}])
     _refused(capsys, ["pool-stats", str(pool)], "line 3: column 'meta' holds str ('one') where the lines before "
