@@ -6,19 +6,26 @@
 2. Wall time of `ocr_reward` on a GRPO step's worth of table completions: 24 references of ~1,900
    characters x 28 noisy predictions = 672 completions (SPEC §7), with the default worker pool (cold:
    includes spawning the workers; warm: a second step with new references) and in one process.
+3. Hostile floods (issue 17): `normalize_formula`, and one whole `score`, on 8,192 and 65,536 characters of
+   one repeated opening (`\\[`, `\\tag{`, ...) beside an ordinary formula of the same length: the ratio to
+   the ordinary input, and the growth from 8,192 to 65,536 characters (8x for linear time, 64x quadratic).
 
-Run: `python benchmarks/rewards_bench.py` (about a minute on 2 cores; apted dominates).
+Run: `python benchmarks/rewards_bench.py` (about a minute on 2 cores; apted dominates);
+`--only floods` runs part 3 alone.
 """
 from __future__ import annotations
 
 import argparse
 import random
+import re
 import time
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from rewards import OcrReward, teds
+from rewards import OcrReward, score, teds
+from rewards.normalize import normalize_formula, normalize_table_html, normalize_text
 from rewards.trl_reward import default_workers
 from rewards.table import parse_table
 from rewards.teds import parse_tree
@@ -159,14 +166,77 @@ def bench_batch(console: Console) -> None:
     console.print(table)
 
 
+FLOODS = {  # name -> (repeated unit, task); each task's first entry is its ordinary input
+    "ordinary formula": ("\\frac{a_{1}}{b^{2}} + \\sqrt{x} ", "formula"),
+    "\\[ flood": ("\\[", "formula"),
+    "\\tag{ flood": ("\\tag{", "formula"),
+    "\\end{ flood": ("\\end{", "formula"),
+    "\\begin{ flood": ("\\begin{", "formula"),
+    "ordinary text": ("Energy $E = m c^2$ is conserved. ", "text"),
+    "\\( flood": ("\\(", "text"),
+    "ordinary table": ("<tr><td>12.5</td><td>mean</td></tr>", "table"),
+    "<math> flood": ("<math>", "table"),
+}
+FLOOD_SIZES = (8_192, 65_536)
+FLOOD_REF = {"formula": "x^{2}", "text": "hello world", "table": "<table><tr><td>a</td></tr></table>"}
+NORMALIZERS = {"formula": normalize_formula, "text": normalize_text,
+               "table": lambda text: normalize_table_html("<table>" + text + "</table>")}
+# OmniDocBench's formula regexes as they were used before issue 17, for the comparison column
+UPSTREAM_BODY = re.compile(r"\\\[(.+?)(?<!\\)\\\]")
+UPSTREAM_DROPPED = [re.compile(p) for p in (r"\\tag\{.*?\}", r"\\hspace\{.*?\}", r"\\begin\{.*?\}",
+                                             r"\\end\{.*?\}", r"\\arraycolsep.*?\}")]
+
+
+def upstream_formula(text: str) -> None:
+    match = UPSTREAM_BODY.search(text)
+    text = match.group(1) if match else text
+    for pattern in UPSTREAM_DROPPED:
+        text = pattern.sub("", text)
+
+
+def _best_of(repeats: int, fn) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def bench_floods(console: Console, repeats: int) -> None:
+    table = Table(title="hostile floods beside ordinary input of the same task and length (same run)")
+    for column in ("input", "chars", "normalize ms", "x ordinary", "growth 8K->64K", "upstream regexes ms",
+                   "score ms"):
+        table.add_column(column, justify="left" if column == "input" else "right")
+    ordinary, slowest = {}, 0.0
+    for name, (unit, task) in FLOODS.items():
+        previous = None
+        for size in FLOOD_SIZES:
+            text = (unit * (size // len(unit) + 1))[:size]
+            normal = _best_of(repeats, lambda: NORMALIZERS[task](text))
+            upstream = _best_of(1, lambda: upstream_formula(text)) if task == "formula" else None
+            whole = _best_of(1, lambda: score(text, FLOOD_REF[task], task))
+            slowest = max(slowest, whole)
+            ordinary.setdefault((task, size), normal)
+            table.add_row(Text(name), f"{size:,}", f"{normal * 1e3:.2f}", f"{normal / ordinary[task, size]:.2f}",
+                          f"{normal / previous:.1f}x" if previous else "",
+                          f"{upstream * 1e3:.0f}" if upstream is not None else "", f"{whole * 1e3:.0f}")
+            previous = normal
+    console.print(table)
+    console.print(f"slowest single score: {slowest:.2f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="timings of the project TEDS (minimum kept)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", choices=("floods",), default=None, help="run one part alone")
     args = parser.parse_args()
     console = Console()
-    bench_teds(console, random.Random(args.seed), args.repeats)
-    bench_batch(console)
+    if args.only is None:
+        bench_teds(console, random.Random(args.seed), args.repeats)
+        bench_batch(console)
+    bench_floods(console, args.repeats)
 
 
 if __name__ == "__main__":

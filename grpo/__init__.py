@@ -1,0 +1,1 @@
+__version__ = __import__("importlib.metadata").metadata.version("gravity-grpo")  # from pyproject.toml

@@ -105,6 +105,12 @@ def resolve_model(spec: str | Path) -> Path:
     if not (path / "config.json").is_file():
         hint = " (the tiny default is built by the joint-training stage)" if str(spec) == "tiny" else ""
         raise CheckpointError(f"model {spec!r}: no Hugging Face checkpoint at {path} (config.json missing){hint}")
+    try:  # issue 17: a damaged config.json is named here, before any loader reads it
+        config = json.loads((path / "config.json").read_bytes())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{path / 'config.json'}: not valid JSON ({err})") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path / 'config.json'}: expected a JSON object, got {type(config).__name__}")
     return path
 
 

@@ -4,8 +4,8 @@ Each command module exposes `HELP` (one line), `add_arguments(parser)` and `run(
 Command modules import heavy libraries (torch, vLLM) inside `run`, so `--help` stays fast.
 
 `main` is the one boundary between people and the library: a `grpo.errors.UserError` from any command
-becomes one `error: ...` line on stderr and exit code 2 (its traceback only with `-v`). Argparse's own
-usage errors exit 2 as well.
+becomes one `error: ...` line on stderr and exit code 2 (its traceback only with `-v`, which goes before or
+after the subcommand). Argparse's own usage errors exit 2 as well.
 """
 from __future__ import annotations
 
@@ -33,14 +33,21 @@ COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import grpo
+
     parser = argparse.ArgumentParser(
         prog="gravity-grpo",
         description="GRPO through the causal AR path of a self-speculative OCR model, and its tools.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {grpo.__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, and tracebacks of errors")
+    # -v after the subcommand too; SUPPRESS keeps a subcommand's absent -v from resetting one given before it
+    verbose = argparse.ArgumentParser(add_help=False)
+    verbose.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                         help="debug logging, and tracebacks of errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(f"grpo.commands.{module_name}")
-        command = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        command = sub.add_parser(name, help=module.HELP, description=module.HELP, parents=[verbose])
         module.add_arguments(command)
         command.set_defaults(run=module.run, parser=command)
     return parser

@@ -32,9 +32,28 @@ class _Console(Console):
 console = _Console(soft_wrap=True, highlight=False)
 err_console = _Console(stderr=True, soft_wrap=True, highlight=False)
 
-__all__ = ["console", "err_console", "escape", "print_error"]
+__all__ = ["console", "err_console", "escape", "print_error", "print_table"]
 
 
 def print_error(message: str) -> None:
     """One `error: ...` message on stderr; `message` is printed as is (no markup)."""
     err_console.print(Text.assemble(("error:", "bold red"), " ", message))
+
+
+def print_table(title: str, headers: list[str], rows: list[list[str]], right_from: int = 1) -> None:
+    """A table of `rows` under `headers` (columns from `right_from` on right-aligned); where it would not fit
+    the console's width, the title and one line per row, `first cell: header value, header value, ...`."""
+    from rich.table import Table
+
+    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows)]
+    if sum(width + 3 for width in widths) + 1 <= console.width:  # cell, its padding and its left border
+        table = Table(title=escape(title))
+        for i, header in enumerate(headers):
+            table.add_column(header, justify="right" if i >= right_from else "left")
+        for row in rows:
+            table.add_row(*(escape(str(cell)) for cell in row))
+        console.print(table)
+        return
+    console.print(title, markup=False)
+    for row in rows:
+        console.print(f"{row[0]}: " + ", ".join(f"{h} {c}" for h, c in zip(headers[1:], row[1:])), markup=False)

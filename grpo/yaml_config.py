@@ -24,7 +24,7 @@ def read_yaml(path: str | Path, known: set[str]) -> dict[str, Any]:
         raise ConfigError(f"config file {path} does not exist")
     try:
         raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
+    except (yaml.YAMLError, UnicodeDecodeError) as err:  # issue 17: a non-UTF-8 file too
         raise ConfigError(f"{path}: not valid YAML ({_yaml_problem(err)})") from err
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of config keys, got {type(raw).__name__}")

@@ -29,17 +29,24 @@ _ENVIRONMENT = re.compile(r"\\\\|\\(begin|end)\s*\{([^{}]*)\}")
 
 
 def strip_delimiters(latex: str) -> str:
-    """Remove enclosing `$$…$$`, `\\[…\\]`, `\\(…\\)` and `$…$` (repeatedly) and surrounding space."""
+    """Remove enclosing `$$…$$`, `\\[…\\]`, `\\(…\\)` and `$…$` (repeatedly) and surrounding space.
+    Done on indices, so a flood of `$` is not copied once per pair."""
     text = latex.strip()
+    start, end = 0, len(text)
     stripped = True
     while stripped:
         stripped = False
         for left, right in _DELIMITERS:
-            if text.startswith(left) and text.endswith(right) and len(text) >= len(left) + len(right):
-                text = text[len(left):len(text) - len(right)].strip()
+            if (end - start >= len(left) + len(right) and text.startswith(left, start, end)
+                    and text.endswith(right, start, end)):
+                start, end = start + len(left), end - len(right)
+                while start < end and text[start].isspace():
+                    start += 1
+                while end > start and text[end - 1].isspace():
+                    end -= 1
                 stripped = True
                 break
-    return text
+    return text[start:end]
 
 
 def _skip_argument(tokens: list[str], start: int) -> int:

@@ -1,8 +1,9 @@
 """Reward regression cases: a JSONL file of pairs, each line optionally with the reward it must get.
 
 A line is `{"pred": ..., "ref": ..., "task": ...}` plus, optionally, bounds on its reward:
-`expect` (with `tol`, default `DEFAULT_TOL`), and/or `min` / `max`. `read_pairs` validates every line and
-reports all bad ones by number; `check_pairs` scores the file and returns the cases outside their bounds.
+`expect` (with `tol`, default `DEFAULT_TOL`), and/or `min` / `max`; any other key is an error (a misspelled
+bound would otherwise check nothing). `read_pairs` validates every line and reports all bad ones by their
+1-based line in the file (`grpo.jsonl`); `check_pairs` scores the file and returns the cases outside their bounds.
 `gravity-grpo score --pairs FILE --check` prints the same failures and exits 1 when there are any.
 
 Example (in a pytest test):
@@ -10,14 +11,15 @@ Example (in a pytest test):
 """
 from __future__ import annotations
 
-import json
+import difflib
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo.errors import MissingFileError, UserError
+from grpo.errors import UserError
+from grpo.jsonl import read_lines
 from rewards.result import RewardResult
-from rewards.scoring import TASKS
+from rewards.scoring import TASKS, check_reference
 
 PAIR_FIELDS = ("pred", "ref", "task")
 BOUND_FIELDS = ("expect", "tol", "min", "max")
@@ -100,38 +102,52 @@ def _bounds(row: dict) -> Bounds | None:
     return Bounds(expect=expect, tol=DEFAULT_TOL if tol is None else tol, min=low, max=high)
 
 
-def _pair(number: int, line: str) -> Pair:
-    """One line as a Pair; a ValueError gives the reason it is bad."""
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"not JSON ({err.msg})") from None
+def _unknown_fields(row: dict) -> str | None:
+    """The keys of `row` that a pairs line cannot have, each with its likely meaning, or None."""
+    known = PAIR_FIELDS + BOUND_FIELDS
+    unknown = [key for key in row if key not in known]
+    if not unknown:
+        return None
+    named = []
+    for key in unknown:
+        close = difflib.get_close_matches(str(key), known, n=1)
+        named.append(f"{key!r:.40}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return f"unknown field(s) {', '.join(named)}; a line has {', '.join(known)}"
+
+
+def _pair(number: int, row) -> Pair:
+    """One parsed line as a Pair; a ValueError gives the reason it is bad."""
     if not isinstance(row, dict):
         raise ValueError("not a JSON object")
     missing = [f for f in PAIR_FIELDS if not isinstance(row.get(f), str)]
     if missing:
         raise ValueError(f"missing or non-string field(s) {', '.join(missing)}")
+    unknown = _unknown_fields(row)
+    if unknown:
+        raise ValueError(unknown)
     if row["task"] not in TASKS:
-        raise ValueError(f"unknown task {row['task']!r} (valid: {', '.join(TASKS)})")
+        raise ValueError(f"unknown task {row['task']!r:.40} (valid: {', '.join(TASKS)})")
+    try:
+        check_reference(row["ref"])
+    except ValueError as err:
+        raise ValueError(f"field 'ref': {err}") from None
     return Pair(number, row["pred"], row["ref"], row["task"], _bounds(row))
 
 
 def read_pairs(path: str | Path) -> list[Pair]:
     """The pairs of a JSONL file (blank lines skipped); a `PairsError` lists every bad line by number."""
-    path = Path(path)
-    if not path.is_file():
-        raise MissingFileError(f"pairs file {path}: no such file")
     pairs, errors = [], []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                pairs.append(_pair(number, line))
-            except ValueError as err:
-                errors.append(f"line {number}: {err}")
+    for number, row, problem in read_lines(path, "pairs file"):
+        try:
+            if problem:
+                raise ValueError(problem)
+            pairs.append(_pair(number, row))
+        except ValueError as err:
+            errors.append(f"line {number}: {err}")
     if errors:
         raise PairsError(f"{path}: {len(errors)} bad line(s):\n" + "\n".join(errors))
+    if not pairs:
+        raise PairsError(f"{path}: no pairs (the file is empty)")
     return pairs
 
 

@@ -15,12 +15,21 @@ TASKS = tuple(SCORERS)
 # A prediction longer than this scores 0 without being parsed (flag `too_long`). The policy's completions
 # stop at 8,448 tokens (SPEC §7), a few characters each, so only a runaway output comes near it.
 MAX_PRED_CHARS = 65_536
+# A longer reference is refused (`check_reference`): the time of a score grows with the reference as well, and
+# the pool and pairs readers name the row or line of one beyond it before any scoring starts.
+MAX_REF_CHARS = 65_536
 
 
 def check_task(task: str) -> None:
     """Raise a ValueError naming the valid tasks when `task` is not one of them."""
     if task not in SCORERS:
         raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}")
+
+
+def check_reference(ref: str) -> None:
+    """Raise a ValueError when `ref` is longer than `MAX_REF_CHARS`."""
+    if len(ref) > MAX_REF_CHARS:
+        raise ValueError(f"reference of {len(ref):,} characters is over the limit of {MAX_REF_CHARS:,}")
 
 
 def score(pred: str, ref: str, task: str, gate: str = "relative", table_bonus: str = "clipped") -> RewardResult:
@@ -37,6 +46,7 @@ def score(pred: str, ref: str, task: str, gate: str = "relative", table_bonus: s
     check_task(task)
     check_gate(gate)
     check_table_bonus(table_bonus)
+    check_reference(ref)
     if len(pred) > MAX_PRED_CHARS and pred != ref:
         return RewardResult(0.0, {"too_long": 1.0}, task)
     base, components = score_table(pred, ref, table_bonus) if task == "table" else SCORERS[task](pred, ref)

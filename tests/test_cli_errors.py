@@ -75,7 +75,7 @@ def _tpf_missing(d):
 def _bad_row(d):
     pool = _jsonl(d / "pool.jsonl", [GOOD_ROW, {**GOOD_ROW, "task_type": "chart"}])
     return (["pool-stats", pool, "--png", str(d / "h.png")],
-            [f"prompt pool {pool}: 1 bad row(s) of 2", "(flag --skip-bad)", "row 1: unknown task_type 'chart'"])
+            [f"prompt pool {pool}: 1 bad row(s) of 2", "(flag --skip-bad)", "line 2: unknown task_type 'chart'"])
 
 
 def _no_config_json(d):
@@ -126,3 +126,51 @@ def test_verbose_adds_the_traceback(here, capsys):
     err = capsys.readouterr().err
     assert "Traceback" in err and "MissingFileError" in err
     assert err.rstrip().splitlines()[-1] == f"error: prompt pool {here / 'missing.jsonl'}: no such file"
+
+
+# ---------------------------------------------------------------- issue 17 (hostile inputs); more in test_hostile_cli.py
+
+def _missing_pred_file(d):
+    return (["score", "--task", "table", "--pred", str(d / "pred.html"), "--ref-text", "<table></table>"],
+            [f"prediction file {d / 'pred.html'}: no such file"])
+
+
+def _pairs_not_utf8(d):
+    pairs = d / "pairs.jsonl"
+    pairs.write_bytes(b'{"pred": "a", "ref": "a", "task": "text"}\n{"pred": "\xe9", "ref": "a", "task": "text"}\n')
+    return ["score", "--pairs", str(pairs)], [f"{pairs}: 1 bad line(s)", "line 2: not UTF-8 text (byte 0xe9"]
+
+
+def _pairs_unknown_field(d):
+    pairs = _jsonl(d / "pairs.jsonl", [{"pred": "a", "ref": "a", "task": "text", "expected": 1}])
+    return ["score", "--pairs", pairs, "--check"], ["line 1: unknown field(s) 'expected' (did you mean 'expect'?)"]
+
+
+def _corrupt_parquet(d):
+    (d / "pool.parquet").write_bytes(b"PAR1 nothing else")
+    return ["pool-stats", str(d / "pool.parquet")], [f"prompt pool {d / 'pool.parquet'}: not a readable parquet file"]
+
+
+def _folder_not_a_dataset(d):
+    (d / "pool").mkdir()
+    return ["pool-stats", str(d / "pool")], [f"prompt pool {d / 'pool'}: a folder without state.json"]
+
+
+def _empty_png(d):
+    return ["pool-stats", "tiny-probe", "--png", ""], ["--png '': give a file path"]
+
+
+def _accelerate_list(d):
+    (d / "acc.yaml").write_text("- 1\n- 2\n")
+    return (["train", "--dry-run", "--accelerate-config", str(d / "acc.yaml")],
+            [f"accelerate config {d / 'acc.yaml'}: a list, expected a mapping"])
+
+
+HOSTILE_CASES = [_missing_pred_file, _pairs_not_utf8, _pairs_unknown_field, _corrupt_parquet, _folder_not_a_dataset,
+                 _empty_png, _accelerate_list]
+
+
+@pytest.mark.parametrize("case", HOSTILE_CASES, ids=[c.__name__.strip("_") for c in HOSTILE_CASES])
+def test_hostile_input_is_one_message(case, here, capsys):
+    argv, culprits = case(here)
+    _user_error(capsys, argv, *culprits)

@@ -58,12 +58,13 @@ def test_every_bad_row_is_named_with_its_reason(tmp_path):
     reasons = {b.index: b.reason for b in err.bad}
     assert reasons[1] == "unknown task_type 'tabel' (valid: text, table, formula)"
     assert reasons[2] == "missing target"
-    assert reasons[3].startswith("invalid JSON")
+    assert reasons[3].startswith("not JSON")
     assert reasons[4] == "image file not found: crops/missing.png"
     assert reasons[5].startswith("unreadable image (crops/junk.png)")
     assert reasons[6] == "empty prompt"
     assert reasons[7] == "target is not a string (7)"
-    assert "7 bad row(s) of 9" in str(err) and "row 1: unknown task_type 'tabel'" in str(err)
+    assert [b.line for b in err.bad] == [2, 3, 4, 5, 6, 7, 8]  # jsonl rows are named by their file line
+    assert "7 bad row(s) of 9" in str(err) and "line 2: unknown task_type 'tabel'" in str(err)
 
 
 def test_skip_bad_keeps_good_rows_with_their_source_index(tmp_path):
@@ -151,7 +152,7 @@ def test_pool_stats_command(tmp_path, capsys):
     _write_jsonl(path, rows + [{"prompt": "p", "target": "t", "task_type": "chart"}])
     capsys.readouterr()
     assert main(["pool-stats", str(path), "--png", str(tmp_path / "h.png")]) == 2
-    assert "row 5: unknown task_type 'chart'" in capsys.readouterr().err
+    assert "line 6: unknown task_type 'chart'" in capsys.readouterr().err
 
 
 def test_bad_rows_in_a_parquet_pool_with_image_bytes(tmp_path):
@@ -162,5 +163,6 @@ def test_bad_rows_in_a_parquet_pool_with_image_bytes(tmp_path):
     with pytest.raises(PoolError) as info:
         load_pool(str(tmp_path / "pool.parquet"))
     assert [b.index for b in info.value.bad] == [1, 2]
+    assert "  row 1: unreadable image" in str(info.value)  # dataset rows are named by their index
     assert info.value.bad[1].reason.startswith("unknown task_type 'math'")
     assert load_pool(str(tmp_path / "pool.parquet"), skip_bad=True)[0]["image"].size == (12, 7)

@@ -64,7 +64,7 @@ def test_pool_with_an_unknown_task_names_the_row(tmp_path):
     pool.write_text("".join(json.dumps(r) + "\n" for r in rows))
     report = preflight(TINY, {"pool": str(pool)})
     [problem] = report.problems
-    assert "row 1: unknown task_type 'poetry'" in problem
+    assert "line 2: unknown task_type 'poetry'" in problem  # a jsonl row is named by its file line (issue 17)
 
 
 def test_deepspeed_launch_config_needs_deepspeed():

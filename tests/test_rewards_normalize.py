@@ -1,7 +1,11 @@
 """OmniDocBench normalization: reference values from the anchors and the documented quirks."""
 from __future__ import annotations
 
+import re
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rapidfuzz.distance import Levenshtein
 
 from helpers_anchors import omnidoc_elements
@@ -70,3 +74,38 @@ def test_text_normalization():
 ])
 def test_formula_normalization(latex, expected):
     assert normalize_formula(latex) == expected
+
+
+# ---------------------------------------------------------------- the linear scans are the upstream regexes
+
+PIECES = ["\\[", "\\]", "\\", "[", "]", "\\tag{", "\\begin{", "\\arraycolsep", "}", "{", "\n", " ", "$", "\\(",
+          "\\)", "x^2", "a", "<table>", "</table>", "<TABLE x>", "</TaBle>", "<table", "<tablex>", '<math alttext="q">',
+          "<math>", "</math>", "</math >", "<MATH>", ' style="', '"', "<colgroup>", "</colgroup>", "<span>", "<span ",
+          "</span>", ">", "<", "İ"]
+MARKUP = st.lists(st.sampled_from(PIECES), max_size=40).map("".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(MARKUP)
+def test_scans_match_the_upstream_regexes(text):
+    from rewards import normalize as n
+
+    display = re.search(r"\\\[(.+?)(?<!\\)\\\]", text)
+    assert n._display_body(text) == (display.group(1) if display else None)
+    for prefix in n._FORMULA_DROPPED_PREFIXES:
+        assert n._drop_to_brace(text, prefix) == re.sub(re.escape(prefix) + r".*?\}", "", text)
+    inline = [(m.start(), m.end(), m.group(1) if m.group(1) is not None else m.group(2))
+              for m in re.finditer(r"\$(.*?)\$|\\\((.*?)\\\)", text)]
+    assert list(n._inline_math(text)) == inline
+    math = re.compile(r"<math\b([^>]*)>.*?</math\s*>", re.IGNORECASE | re.DOTALL)
+    assert n._math_to_alttext(text) == math.sub(lambda m: n._alttext(m.group(1)), text)
+    body = re.compile(r"<table\b[^>]*>(.*)</table>", re.IGNORECASE | re.DOTALL)
+    assert n._table_body(text) == "".join(body.findall(text))
+    for pattern, closing in ((n._UNWRAPPED, ">"), (n._DROPPED_ATTRS[0], '"'), (n._COLGROUP, "</colgroup>")):
+        assert n._sub_before_last(pattern, closing, text) == pattern.sub("", text)
+
+
+def test_only_the_first_inline_formulas_are_rendered():
+    from rewards.normalize import MAX_INLINE_FORMULAS
+
+    assert normalize_text("$\\alpha$ " * (MAX_INLINE_FORMULAS + 1)) == "α" * MAX_INLINE_FORMULAS + "alpha"

@@ -13,7 +13,7 @@ REF = "<table><tr><td>a</td><td>b</td></tr></table>"
 
 
 def test_single_pair_from_text_and_files(tmp_path, capsys):
-    assert main(["score", "--task", "table", "--pred", PRED, "--ref", REF]) == 0
+    assert main(["score", "--task", "table", "--pred-text", PRED, "--ref-text", REF]) == 0
     expected = score(PRED, REF, "table").value
     assert f"{expected:.6f}" in capsys.readouterr().out
     (tmp_path / "pred.html").write_text(PRED, encoding="utf-8")
@@ -24,7 +24,7 @@ def test_single_pair_from_text_and_files(tmp_path, capsys):
 
 
 def test_explain_lists_the_components(capsys):
-    assert main(["score", "--task", "table", "--pred", PRED, "--ref", REF, "--explain"]) == 0
+    assert main(["score", "--task", "table", "--pred-text", PRED, "--ref-text", REF, "--explain"]) == 0
     out = capsys.readouterr().out
     for name in ("teds_s", "s_cell", "p_row", "p_loop", "bonus_rows", "bonus_cols", "g"):
         assert name in out
@@ -59,9 +59,25 @@ def test_bad_pairs_lines_are_reported_by_number(tmp_path, capsys):
 
 
 def test_missing_or_conflicting_arguments(capsys):
-    assert main(["score", "--task", "text", "--pred", "a"]) == 2
-    assert "give --task, --pred and --ref" in capsys.readouterr().err
+    assert main(["score", "--task", "text", "--pred-text", "a"]) == 2
+    assert "give --task, --pred FILE (or --pred-text TEXT) and --ref FILE" in capsys.readouterr().err
     assert main(["score", "--pairs", "x.jsonl", "--pred", "a"]) == 2
     assert "cannot be combined" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["score", "--task", "image", "--pred", "a", "--ref", "a"])
+        main(["score", "--task", "image", "--pred-text", "a", "--ref-text", "a"])
+    with pytest.raises(SystemExit):  # a file and a text for one side
+        main(["score", "--task", "text", "--pred", "a.txt", "--pred-text", "a", "--ref-text", "a"])
+
+
+def test_a_file_argument_is_a_file(tmp_path, capsys):
+    """--pred/--ref never score the text of a path: a missing, binary or non-UTF-8 file is an error naming it."""
+    (tmp_path / "ref.txt").write_bytes(b"\xef\xbb\xbfhello")  # a byte-order mark is accepted
+    (tmp_path / "latin1.txt").write_bytes("h\xe9llo".encode("latin-1"))
+    (tmp_path / "nul.txt").write_bytes(b"a\0b")
+    ref = str(tmp_path / "ref.txt")
+    assert main(["score", "--task", "text", "--pred-text", "hello", "--ref", ref, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["value"] == 1.0
+    for name, message in (("missing.txt", "no such file"), ("latin1.txt", "not UTF-8 text (byte 0xe9 at offset 1)"),
+                          ("nul.txt", "a binary file (NUL byte at offset 1)")):
+        assert main(["score", "--task", "text", "--pred", str(tmp_path / name), "--ref", ref]) == 2
+        assert f"error: prediction file {tmp_path / name}: {message}" in capsys.readouterr().err

@@ -53,17 +53,11 @@ def _rank_rule(args: argparse.Namespace):
 
 def print_summary(summary: dict, out: str) -> None:
     """The per-task counts table and where the report went (shared with mine-merge)."""
-    from rich.table import Table
+    from grpo.console import console, print_table
 
-    from grpo.console import console, escape
-
-    table = Table(title=f"mined into {escape(str(out))}")
     keys = ("mined", "dropped_zero_variance", "ranked_out", "kept")
-    for column in ("task", *keys):
-        table.add_column(column, justify="left" if column == "task" else "right")
-    for task, row in summary["counts"].items():
-        table.add_row(task, *(str(row[k]) for k in keys))
-    console.print(table)
+    print_table(f"mined into {out}", ["task", *keys],
+                [[task, *(str(row[k]) for k in keys)] for task, row in summary["counts"].items()])
     console.print(f"truncated rollouts: {summary['truncated_rollouts']}; histograms: "
                   f"{summary['reward_mean_png']}, {summary['reward_std_png']}", markup=False)
 

@@ -1,4 +1,8 @@
-"""`gravity-grpo score`: score one prediction, or a JSONL file of pairs, with the OCR rewards."""
+"""`gravity-grpo score`: score one prediction, or a JSONL file of pairs, with the OCR rewards.
+
+`--pred` and `--ref` are always files (a missing or non-UTF-8 one is an error naming it); literal text goes
+through `--pred-text` / `--ref-text`, so a mistyped path is never scored as the text of its name.
+"""
 from __future__ import annotations
 
 import argparse
@@ -15,8 +19,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from rewards.table import TABLE_BONUS
 
     parser.add_argument("--task", choices=TASKS, help="reward to apply (with --pred/--ref)")
-    parser.add_argument("--pred", metavar="FILE_OR_TEXT", help="the prediction: a file path or the text itself")
-    parser.add_argument("--ref", metavar="FILE_OR_TEXT", help="the reference: a file path or the text itself")
+    for name, what in (("pred", "prediction"), ("ref", "reference")):
+        given = parser.add_mutually_exclusive_group()
+        given.add_argument(f"--{name}", metavar="FILE", help=f"the {what}: a UTF-8 text file")
+        given.add_argument(f"--{name}-text", metavar="TEXT", help=f"the {what} as literal text")
     parser.add_argument("--pairs", type=Path, metavar="JSONL",
                         help="score every line {pred, ref, task} of this file and print a summary per task; a line "
                              "may add expect (with tol), min and max bounds on its reward, for --check")
@@ -27,18 +33,61 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="reading of the table shape bonus (default clipped; SPEC §4)")
     parser.add_argument("--explain", action="store_true", help="also print the reward's components")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    parser.add_argument("--workers", type=int, default=None, help="worker processes for --pairs (default: CPUs)")
+    parser.add_argument("--workers", type=_positive, default=None, help="worker processes for --pairs (default: CPUs)")
 
 
-def file_or_text(value: str) -> str:
-    """The content of the file `value` names, or `value` itself when it names no file."""
+def _positive(text: str) -> int:
+    """An argparse type: an integer >= 1."""
     try:
-        path = Path(value)
-        if path.is_file():
-            return path.read_text(encoding="utf-8")
-    except (OSError, ValueError):  # a long text or one with NUL is not a usable path
-        pass
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
     return value
+
+
+def read_text_file(path: str, what: str) -> str:
+    """The text of the UTF-8 file `path` (a byte-order mark is accepted); a `UserError` naming the file when it
+    is missing, binary or not UTF-8, or, for a reference, longer than the reward takes."""
+    from grpo.errors import UserError
+    from grpo.jsonl import BOM, read_bytes
+    from rewards.scoring import MAX_REF_CHARS, check_reference
+
+    label = f"{what} file {path}"
+    if what == "reference" and Path(path).is_file() and Path(path).stat().st_size > 4 * MAX_REF_CHARS + len(BOM):
+        raise UserError(f"{label}: {Path(path).stat().st_size:,} bytes, over the limit of {MAX_REF_CHARS:,} "
+                        "characters")  # 4 bytes per character at most: surely too long, so it is not read
+    data = read_bytes(path, f"{what} file")
+    data = data[len(BOM):] if data.startswith(BOM) else data
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise UserError(f"{label}: a binary file (NUL byte at offset {nul}); give a UTF-8 text file, or the text "
+                        f"itself with --{'pred' if what == 'prediction' else 'ref'}-text")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(f"{label}: not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})") from None
+    if what == "reference":
+        try:
+            check_reference(text)
+        except ValueError as err:
+            raise UserError(f"{label}: {err}") from None
+    return text
+
+
+def _single_input(args, name: str, what: str) -> str | None:
+    """--NAME read from its file, or --NAME-text as given; None when neither is given."""
+    path, text = getattr(args, name), getattr(args, f"{name}_text")
+    if text is not None and what == "reference":
+        from grpo.errors import UserError
+        from rewards.scoring import check_reference
+
+        try:
+            check_reference(text)
+        except ValueError as err:
+            raise UserError(f"--ref-text: {err}") from None
+    return read_text_file(path, what) if path is not None else text
 
 
 def _components_table(result):
@@ -52,17 +101,13 @@ def _components_table(result):
     return table
 
 
-def _summary_table(results):
-    from rich.table import Table
+def _print_summary(results) -> None:
+    from grpo.console import print_table
 
-    table = Table(title="OCR rewards per task")
-    for column in ("task", "n", "mean", "min", "max", "component means"):
-        table.add_column(column, justify="left" if column in ("task", "component means") else "right")
-    for task, summary in summarize(results).items():
-        parts = ", ".join(f"{name} {value:.3f}" for name, value in summary["components"].items())
-        table.add_row(task, str(summary["n"]), f"{summary['mean']:.4f}", f"{summary['min']:.4f}",
-                      f"{summary['max']:.4f}", parts)
-    return table
+    rows = [[task, str(summary["n"]), f"{summary['mean']:.4f}", f"{summary['min']:.4f}", f"{summary['max']:.4f}",
+             ", ".join(f"{name} {value:.3f}" for name, value in summary["components"].items())]
+            for task, summary in summarize(results).items()]
+    print_table("OCR rewards per task", ["task", "n", "mean", "min", "max", "component means"], rows)
 
 
 def summarize(results) -> dict[str, dict]:
@@ -121,24 +166,28 @@ def _run_pairs(args) -> int:
     elif args.check:
         _check_report(failed, checked, args.pairs)
     else:
-        console.print(_summary_table(results))
+        _print_summary(results)
     return CHECK_FAILED_EXIT if failed else 0
 
 
 def run(args: argparse.Namespace) -> int:
     from grpo.console import console
     from grpo.errors import UserError
-    from rewards import score
+    from rewards import score_many
 
-    single = (args.task, args.pred, args.ref)
+    single = (args.task, args.pred, args.pred_text, args.ref, args.ref_text)
     if args.pairs is not None:
         if any(v is not None for v in single):
             raise UserError("--pairs cannot be combined with --task/--pred/--ref")
         return _run_pairs(args)
-    if any(v is None for v in single) or args.check:
-        raise UserError("give --task, --pred and --ref (or --pairs FILE, which --check needs)")
-    result = score(file_or_text(args.pred), file_or_text(args.ref), args.task, gate=args.gate,
-                   table_bonus=args.table_bonus)
+    given = args.task is not None and (args.pred, args.pred_text) != (None, None) and \
+        (args.ref, args.ref_text) != (None, None)
+    if not given or args.check:
+        raise UserError("give --task, --pred FILE (or --pred-text TEXT) and --ref FILE (or --ref-text TEXT), "
+                        "or --pairs FILE, which --check needs")
+    pred, ref = _single_input(args, "pred", "prediction"), _single_input(args, "ref", "reference")
+    # through the batch scorer, so one score has the time limit of --pairs and training
+    (result,) = score_many([pred], [ref], [args.task], gate=args.gate, table_bonus=args.table_bonus, workers=1)
     if args.json:
         print(json.dumps(result.as_dict()))
     elif args.explain:

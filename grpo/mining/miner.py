@@ -17,12 +17,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from grpo.mining.report import write_report
 from grpo.mining.sampling import HfSampler, VllmSampler
 from grpo.mining.selection import INDEX, STAT_COLUMNS, RankRule, prompt_stats, select
-from grpo.mining.store import MiningError, MiningStore, atomic_write, check_manifest, pool_fingerprint
+from grpo.mining.store import (MiningError, MiningStore, atomic_write, check_manifest, check_output, is_empty_folder,
+                               pool_fingerprint, set_aside, temporary)
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +89,8 @@ def mine(cfg: MineConfig, llm=None) -> dict:
     from grpo.checkpoint import resolve_model
     from grpo.vllm_engine import is_vlm_checkpoint
 
+    data = Path(cfg.data)
+    check_output(Path(cfg.out), [data] if data.exists() else [])
     model_dir = resolve_model(cfg.model)
     pool = load_pool(cfg.data, skip_bad=cfg.skip_bad, index_column=INDEX)
     previous = [c for c in STAT_COLUMNS if c in pool.column_names]
@@ -164,14 +169,13 @@ def assemble(ds, records: dict[int, dict], run: MiningStore, rank: RankRule, min
     stats = Dataset.from_dict({c: [records[i][c] for i in kept] for c in STAT_COLUMNS}, features=_stat_features())
     out_ds = concatenate_datasets([ds.select([position[i] for i in kept]), stats], axis=1)
 
-    run.out.mkdir(parents=True, exist_ok=True)
-    run.done.unlink(missing_ok=True)
-    for old in run.out.glob("data-*.arrow"):
-        old.unlink()
-    out_ds.save_to_disk(str(run.out), num_shards=None if len(out_ds) else 1)  # 0 shards would not load
+    run.work.mkdir(parents=True, exist_ok=True)
+    staged = temporary(run.work / "dataset")
+    shutil.rmtree(staged, ignore_errors=True)
+    out_ds.save_to_disk(str(staged), num_shards=None if len(out_ds) else 1)  # 0 shards would not load
     summary = write_report(list(records.values()), kept, min_std, run.report)
     selection = {"rank": dataclasses.asdict(rank), "min_std": min_std, "keep": keep}
-    run.work.mkdir(parents=True, exist_ok=True)
+    run.publish_dataset(staged)
     atomic_write(run.done, json.dumps({"manifest": manifest, "selection": selection, "summary": summary},
                                        indent=2) + "\n")
     return summary
@@ -184,19 +188,23 @@ def _stat_features():
                      Value("int64" if c in ("truncated", "ref_chars") else "float64") for c in STAT_COLUMNS})
 
 
-def merge(shard_outs: list[str], out: str) -> dict:
+def merge(shard_outs: list[str], out: str, overwrite: bool = False) -> dict:
     """Join the OUT folders of shards 0..N-1 of one mining run into `out`, selecting as they did.
 
     Each shard kept its own top `keep`; the global top `keep` lies within their union because the score
-    of a prompt does not depend on the other prompts.
+    of a prompt does not depend on the other prompts. `out` must not be a shard, and must be new or empty
+    unless `overwrite`; it is then rebuilt with the old folder set aside until the merge has succeeded.
     """
-    from datasets import concatenate_datasets, load_from_disk
+    from datasets import concatenate_datasets
 
-    runs = [MiningStore(p) for p in shard_outs]
-    unfinished = [str(r.out) for r in runs if not r.done.is_file()]
-    if unfinished:
-        raise MiningError(f"not finished (no mining/done.json): {', '.join(unfinished)}; rerun mine on them")
-    dones = [json.loads(r.done.read_text()) for r in runs]
+    from data.pool import read_dataset_folder
+
+    runs, target = [MiningStore(p) for p in shard_outs], Path(out)
+    dones = [r.read_done() for r in runs]
+    check_output(target, [r.out for r in runs])
+    if not is_empty_folder(target) and not overwrite:
+        raise MiningError(f"output {target} exists and is not empty; choose a new folder, or set overwrite to "
+                          "replace it", setting="overwrite")
     first = dones[0]
     for run, d in zip(runs, dones):
         diff = [key for key in first["manifest"] if key != "shard" and d["manifest"].get(key) != first["manifest"][key]]
@@ -216,7 +224,18 @@ def merge(shard_outs: list[str], out: str) -> dict:
         if overlap:
             raise MiningError(f"{run.out} repeats prompts of another shard (e.g. {overlap[:5]})")
         records.update(part)
-    ds = concatenate_datasets([load_from_disk(str(r.out)) for r in runs]).remove_columns(list(STAT_COLUMNS))
+    shards_ds = [read_dataset_folder(r.out, f"mining output {r.out}", "the OUT folder of a finished mine run")
+                 for r in runs]
+    missing = [str(r.out) for r, ds in zip(runs, shards_ds) if not set(STAT_COLUMNS) <= set(ds.column_names)]
+    if missing:
+        raise MiningError(f"{', '.join(missing)}: the dataset lacks the mining statistics; is it a mine output?")
+    ds = concatenate_datasets(shards_ds).remove_columns(list(STAT_COLUMNS))
     sel = first["selection"]
+    try:
+        rank = RankRule(**sel["rank"])
+        min_std, keep = sel["min_std"], sel["keep"]
+    except (KeyError, TypeError):
+        raise MiningError(f"{runs[0].done} is damaged (selection needs rank, min_std and keep)") from None
     manifest = {**first["manifest"], "shard": [0, 1], "merged_from": [str(r.out) for r in runs]}
-    return assemble(ds, records, MiningStore(out), RankRule(**sel["rank"]), sel["min_std"], sel["keep"], manifest)
+    with set_aside(target):
+        return assemble(ds, records, MiningStore(target), rank, min_std, keep, manifest)

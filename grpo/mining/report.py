@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 from grpo.mining.selection import INDEX, is_dropped
+from grpo.mining.store import atomic_write, temporary_file
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +59,13 @@ def histogram_png(values_by_task: dict[str, list[float]], path: Path, xlabel: st
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    tmp = temporary_file(path)  # renamed into place: a failed write leaves the old file
+    try:
+        fig.savefig(tmp, dpi=100, format="png")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        tmp.unlink(missing_ok=True)
     return path
 
 
@@ -90,6 +96,7 @@ def write_report(records: list[dict], kept: list[int], min_std: float, out_dir: 
     means = {t: [r["reward_mean"] for r in rs] for t, rs in by_task.items()}
     stds = {t: [r["reward_std"] for r in rs] for t, rs in by_task.items()}
     out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     summary = {
         "counts": counts,
         "truncated_rollouts": sum(r["truncated"] for r in records),
@@ -98,5 +105,5 @@ def write_report(records: list[dict], kept: list[int], min_std: float, out_dir: 
         "reward_std_png": str(histogram_png(stds, out_dir / "reward_std.png", "reward std over k rollouts",
                                             "Per-prompt reward std (all mined prompts)", (0.0, 0.5))),
     }
-    (out_dir / "report.json").write_text(json.dumps(summary, indent=2) + "\n")
+    atomic_write(out_dir / "report.json", json.dumps(summary, indent=2) + "\n")
     return summary

@@ -1,15 +1,22 @@
 """The resumable store of a mining run under OUT: manifest, atomic part files, done marker, report folder.
 
 A run killed at any point resumes from its part files when rerun with the same settings (the manifest).
+Nothing here writes over what mining did not create: OUT must be new, empty or a mining run's own folder, and
+never one of the inputs (`check_output`); every file is written to a temporary name and renamed into place
+(`atomic_write`, `publish_dataset`); a folder being rebuilt is set aside until the new one is complete
+(`set_aside`). A damaged file of a run (manifest, part, done marker) is an error naming it.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 from grpo.errors import UserError
+from grpo.jsonl import read_lines
 from grpo.mining.selection import INDEX
 
 
@@ -29,11 +36,14 @@ class MiningStore:
         self.report = self.out / "report"
 
     def read_parts(self) -> dict[int, dict]:
-        """Records of every mined prompt by pool index; a prompt in two part files is an error."""
+        """Records of every mined prompt by pool index; a prompt in two part files, or a damaged line, is an error."""
         records, source = {}, {}
         for path in sorted(self.parts.glob("part-*.jsonl")):
-            for line in path.read_text().splitlines():
-                rec = json.loads(line)
+            for number, rec, problem in read_lines(path, "mining part"):
+                if problem is None and not (isinstance(rec, dict) and isinstance(rec.get(INDEX), int)):
+                    problem = f"not a record with an integer {INDEX}"
+                if problem:
+                    raise MiningError(f"{path} is damaged: line {number}: {problem}")
                 if rec[INDEX] in records:
                     raise MiningError(f"prompt {rec[INDEX]} is in both {source[rec[INDEX]]} and {path} "
                                       "(were two runs writing to the same OUT?)")
@@ -45,14 +55,101 @@ class MiningStore:
         atomic_write(self.parts / f"part-{first:09d}.jsonl", "".join(json.dumps(r) + "\n" for r in records))
 
 
+    def read_done(self) -> dict:
+        """The done marker: `manifest` (with its `shard` [I, N]) and `selection`; a `MiningError` naming the
+        file when it is missing or damaged."""
+        if not self.done.is_file():
+            raise MiningError(f"{self.out}: not finished (no mining/done.json); rerun mine on it")
+        done = read_json(self.done)
+        shard = done.get("manifest", {}).get("shard") if isinstance(done.get("manifest"), dict) else None
+        if not (isinstance(shard, list) and len(shard) == 2 and all(isinstance(v, int) for v in shard)
+                and isinstance(done.get("selection"), dict)):
+            raise MiningError(f"{self.done} is damaged (needs manifest.shard [I, N] and selection)")
+        return done
+
+    def publish_dataset(self, staged: Path) -> None:
+        """Move the dataset files saved in `staged` into OUT, replacing the old ones (done.json goes first:
+        until it is written again the folder reads as unfinished)."""
+        self.done.unlink(missing_ok=True)
+        new = {path.name for path in staged.iterdir()}
+        for path in staged.iterdir():
+            os.replace(path, self.out / path.name)
+        for old in self.out.glob("data-*.arrow"):
+            if old.name not in new:
+                old.unlink()
+        staged.rmdir()
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object file of a run; a `MiningError` naming it when it is not one."""
+    try:
+        value = json.loads(path.read_bytes())
+    except (OSError, ValueError) as err:
+        raise MiningError(f"{path} is damaged ({err})") from None
+    if not isinstance(value, dict):
+        raise MiningError(f"{path} is damaged (not a JSON object)")
+    return value
+
+
+def temporary(path: Path, kind: str = "tmp") -> Path:
+    """The sibling name `path` is written under before it is renamed into place (one per process)."""
+    return path.with_name(f".{path.name}.{kind}{os.getpid()}")
+
+
+def temporary_file(path: Path) -> Path:
+    """`temporary(path)` for a file about to replace `path`; a `path` that exists but is no regular file (a
+    device such as /dev/null, a fifo, a folder) is refused: the rename would replace it."""
+    if path.exists() and not path.is_file():
+        raise UserError(f"{path} exists and is not a regular file; refusing to replace it")
+    return temporary(path)
+
+
 def atomic_write(path: Path, text: str) -> None:
     """Write, fsync, then rename: a reader (or a rerun after SIGKILL) sees the whole file or none."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp = temporary_file(path)
     with open(tmp, "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def check_output(out: Path, inputs: list[Path]) -> None:
+    """Refuse an output folder that is one of `inputs`, lies inside one, or holds one."""
+    target = out.resolve()
+    for given in inputs:
+        source = given.resolve()
+        relation = ("is" if target == source else "lies inside" if source in target.parents else
+                    "holds" if target in source.parents else None)
+        if relation:
+            raise MiningError(f"output {out} {relation} the input {given}; choose another output folder",
+                              setting="out")
+
+
+def is_empty_folder(path: Path) -> bool:
+    """True for a folder that does not exist yet or holds nothing; a `MiningError` when `path` is a file."""
+    if path.exists() and not path.is_dir():
+        raise MiningError(f"output {path} is a file, not a folder", setting="out")
+    return not path.exists() or not any(path.iterdir())
+
+
+@contextlib.contextmanager
+def set_aside(folder: Path):
+    """Rebuild `folder` in the block: the old one waits under a temporary name and is removed only once the
+    block succeeds; if it fails, what it wrote goes and the old folder is put back."""
+    aside = temporary(folder, "old")
+    had = folder.exists()
+    if had:
+        os.rename(folder, aside)
+    try:
+        yield
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        if had:
+            os.rename(aside, folder)
+        raise
+    if had:
+        shutil.rmtree(aside)
 
 
 def pool_fingerprint(ds) -> str:
@@ -63,13 +160,19 @@ def pool_fingerprint(ds) -> str:
 
 
 def check_manifest(run: MiningStore, manifest: dict) -> None:
+    """Resume only a run with the same settings; start one only in a new or empty folder."""
     if run.manifest.is_file():
-        old = json.loads(run.manifest.read_text())
+        old = read_json(run.manifest)
         diff = [f"{key}: {old.get(key)!r} then, {manifest[key]!r} now" for key in manifest if old.get(key) != manifest[key]]
         if diff:
             raise MiningError(f"{run.out} holds a mining run with other settings ({'; '.join(diff)}); "
                               "rerun with the same settings to resume, or choose another output folder",
                               setting="out")
         return
+    if not is_empty_folder(run.out) and {p.name for p in run.out.iterdir()} != {run.work.name}:
+        # only mining/ without its manifest: a run killed before writing it, ours to start again
+        raise MiningError(f"output {run.out} is not empty and holds no mining run (no mining/manifest.json); "
+                          "mine writes only into a new or empty folder, or one of its own runs to resume it",
+                          setting="out")
     run.parts.mkdir(parents=True, exist_ok=True)
     atomic_write(run.manifest, json.dumps(manifest, indent=2) + "\n")

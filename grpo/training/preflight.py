@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from grpo.yaml_config import ConfigError
+from grpo.yaml_config import ConfigError, _yaml_problem
 
 # Tokens per forward assumed for the probe-cost estimate: the paper's TPF before GRPO at B = 32 (SPEC §5).
 ASSUMED_TPF = 9.61
@@ -61,7 +61,17 @@ def read_accelerate_config(path: str | Path | None) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"accelerate config {path} does not exist")
-    raw = yaml.safe_load(path.read_text()) if path.suffix in (".yaml", ".yml") else json.loads(path.read_text())
+    try:  # issue 17: a damaged or non-mapping file is a ConfigError naming it
+        text = path.read_text(encoding="utf-8-sig")
+        raw = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
+    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as err:
+        raise ConfigError(f"accelerate config {path}: not readable ({_yaml_problem(err)})") from None
+    if raw is not None and not isinstance(raw, dict):
+        raise ConfigError(f"accelerate config {path}: a {type(raw).__name__}, expected a mapping of launch settings "
+                          "(num_processes: 2, ...)")
+    processes = (raw or {}).get("num_processes")
+    if processes is not None and (isinstance(processes, bool) or not isinstance(processes, int) or processes < 1):
+        raise ConfigError(f"accelerate config {path}: num_processes {processes!r:.40} is not an integer >= 1")
     return raw or {}
 
 
@@ -129,12 +139,13 @@ def _field_default(name: str) -> Any:
 
 
 def check_pool(spec: str, is_vlm: bool | None, report: PreflightReport, label: str = "pool") -> int | None:
-    """Read and validate a prompt pool (every bad row listed by index); return its row count."""
-    from data.pool import PoolError, load_pool
+    """Read and validate a prompt pool (every bad row listed by line or index); return its row count."""
+    from data.pool import load_pool
+    from grpo.errors import UserError
 
     try:
         ds = load_pool(spec)
-    except (PoolError, FileNotFoundError, OSError) as err:
+    except (UserError, OSError) as err:  # issue 17: an unreadable file or folder is a UserError too
         report.problems.append(f"{label}: {err}")
         return None
     if is_vlm and "image" not in ds.column_names:
@@ -247,10 +258,12 @@ def preflight(config_path: str | Path | None = None, overrides: dict[str, Any] |
 
     report = PreflightReport()
     values: dict[str, Any] = {}
+    config_unread = False
     try:
         values = read_yaml(config_path) if config_path is not None else {}
     except ConfigError as err:
         report.problems.append(f"config: {err}")
+        config_unread = True
     extra = {k: v for k, v in (overrides or {}).items() if v is not None}
     for key, value in extra.items():
         try:
@@ -270,8 +283,8 @@ def preflight(config_path: str | Path | None = None, overrides: dict[str, Any] |
     values.setdefault("output_dir", values.get("output_dir") or "runs/preflight")
 
     cfg = None
-    try:
-        cfg = build_config(values, n, local_hardware)
+    try:  # issue 17: a config that could not be read is not built from defaults (no spurious complaints)
+        cfg = None if config_unread else build_config(values, n, local_hardware)
     except (TypeError, ValueError) as err:  # TRL's and our own __post_init__ checks
         report.problems.append(f"config{f' {config_path}' if config_path else ''} with {n} process(es): {err}")
 

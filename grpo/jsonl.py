@@ -1,0 +1,66 @@
+"""JSON-lines files, read the one way every reader of the project reads them (pools, pairs, mining parts).
+
+A line is numbered as in the file: 1-based, blank lines counted (what an editor shows). A UTF-8 byte-order
+mark is accepted. A line that is not UTF-8 or not JSON is reported with its number and reason instead of
+stopping the read, so a caller can list every bad line at once.
+
+Example:
+    >>> for number, value, problem in read_lines("pool.jsonl", "prompt pool"): ...   # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from grpo.errors import MissingFileError, UserError
+
+BOM = b"\xef\xbb\xbf"
+
+
+def read_bytes(path: str | Path, what: str) -> bytes:
+    """The bytes of the file `path`; a `UserError` naming it (`what` says which file) when there are none."""
+    path = Path(path)
+    if not path.exists():
+        raise MissingFileError(f"{what} {path}: no such file")
+    if not path.is_file():
+        raise UserError(f"{what} {path}: not a file")
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise UserError(f"{what} {path}: cannot be read ({err.strerror or err})") from None
+
+
+def decode_line(raw: bytes) -> str:
+    """One line as text; a ValueError names the first byte that is not UTF-8, by its column (1-based)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"not UTF-8 text (byte 0x{raw[err.start]:02x} at column {err.start + 1}); "
+                         "save the file as UTF-8") from None
+
+
+def parse_line(raw: bytes):
+    """One line's JSON value; a ValueError gives the reason it is not UTF-8 JSON."""
+    text = decode_line(raw)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"not JSON ({err.msg} at column {err.colno})") from None
+    except RecursionError:
+        raise ValueError("not JSON (nested too deeply)") from None
+
+
+def read_lines(path: str | Path, what: str) -> list[tuple[int, object, str | None]]:
+    """(line number, JSON value, None) for each non-blank line, or (line number, None, reason) for a bad one."""
+    data = read_bytes(path, what)
+    if data.startswith(BOM):
+        data = data[len(BOM):]
+    out = []
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            out.append((number, parse_line(raw), None))
+        except ValueError as err:
+            out.append((number, None, str(err)))
+    return out

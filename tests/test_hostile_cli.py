@@ -1,0 +1,403 @@
+"""Hostile inputs through `grpo.cli.main` (issue 17): each ends in exit 2 with one message naming the culprit
+and no traceback, or exit 0 where the input was valid after all; no command changes a byte of its inputs.
+
+Every case runs at `COLUMNS=40` under a folder named `[exp1]` (rich markup would eat the brackets). Mining
+shards are built without a model: the real `assemble` on made-up rollout statistics. The readers of pools
+and pairs are also fed arbitrary bytes (hypothesis): they give rows or one `UserError`, nothing else.
+"""
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from grpo.cli import main
+from grpo.errors import UserError
+
+GOOD_ROW = {"prompt": "read the text", "target": "hello", "task_type": "text"}
+PAIR = {"pred": "a", "ref": "a", "task": "text"}
+BOM = b"\xef\xbb\xbf"
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "40")
+    folder = tmp_path / "[exp1]"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    return folder
+
+
+def _lines(path: Path, rows, prefix: bytes = b"") -> Path:
+    """A jsonl file: dicts as JSON, str and bytes lines as given."""
+    data = b"".join((r if isinstance(r, bytes) else (r if isinstance(r, str) else json.dumps(r)).encode()) + b"\n"
+                    for r in rows)
+    path.write_bytes(prefix + data)
+    return path
+
+
+def _snapshot(*paths: Path) -> dict[str, bytes]:
+    """The bytes of every file under `paths` (files or folders), by path."""
+    files = [q for p in paths for q in ([p] if p.is_file() else sorted(p.rglob("*"))) if q.is_file()]
+    return {str(f): f.read_bytes() for f in files}
+
+
+def _refused(capsys, argv: list[str], *culprits: str, inputs: tuple[Path, ...] = ()) -> str:
+    """Run `argv`: exit 2, one `error:` message holding every culprit, no traceback, inputs byte for byte."""
+    before = _snapshot(*inputs)
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert code == 2, (out, err)
+    assert len(re.findall(r"^error: ", err, flags=re.MULTILINE)) == 1, err
+    assert "Traceback" not in out + err
+    message = err[err.index("error: "):]
+    for culprit in culprits:
+        assert culprit in message, (culprit, message)
+    assert _snapshot(*inputs) == before
+    return message
+
+
+def _accepted(capsys, argv: list[str], inputs: tuple[Path, ...] = ()) -> str:
+    before = _snapshot(*inputs)
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert code == 0, (out, err)
+    assert "error:" not in err and "Traceback" not in err
+    assert _snapshot(*inputs) == before
+    return out
+
+
+# ------------------------------------------------------------------------------------- mining shards
+
+def _shards(folder: Path, n: int = 2, rows: int = 6) -> list[Path]:
+    """Finished `mine --shard I/N` outputs of the first `rows` rows of the tiny pool, without a model."""
+    from data.pool import load_pool
+    from grpo.mining.miner import assemble
+    from grpo.mining.selection import INDEX, RankRule
+    from grpo.mining.store import MiningStore
+
+    pool = load_pool("tiny", index_column=INDEX).select(range(rows))
+    outs = []
+    for i in range(n):
+        ds = pool.select(range(i, rows, n))
+        run = MiningStore(folder / f"s{i}")
+        run.parts.mkdir(parents=True)
+        records = [{INDEX: index, "task_type": task, "ref_chars": len(target), "reward_mean": 0.1 * (index % 5),
+                    "reward_std": 0.2, "reward_min": 0.0, "reward_max": 0.9, "rewards": [0.0, 0.9],
+                    "completion_tokens_mean": 5.0, "truncated": 0}
+                   for index, task, target in zip(ds[INDEX], ds["task_type"], ds["target"])]
+        run.write_part(records)
+        assemble(ds, run.read_parts(), run, RankRule(), 0.0, None, {"model": "m", "data": "tiny", "shard": [i, n]})
+        outs.append(run.out)
+    return outs
+
+
+@pytest.fixture
+def shards(here):
+    return _shards(here)
+
+
+def test_merge_refuses_an_input_as_its_output(here, shards, capsys):
+    s0, s1 = map(str, shards)
+    _refused(capsys, ["mine-merge", s0, s1, "--out", s0], f"output {s0} is the input {s0}", "(flag --out)",
+             inputs=tuple(shards))
+    _refused(capsys, ["mine-merge", s0, s1, "--out", f"{s1}/merged"], f"lies inside the input {s1}",
+             inputs=tuple(shards))
+    _refused(capsys, ["mine-merge", s0, s1, "--out", str(here)], "holds the input", inputs=tuple(shards))
+    assert not (shards[1] / "merged").exists()
+
+
+def test_merge_refuses_an_existing_dataset_unless_overwrite(here, shards, capsys):
+    from datasets import Dataset, load_from_disk
+
+    s0, s1 = map(str, shards)
+    Dataset.from_dict({"prompt": ["mine"], "target": ["t"], "task_type": ["text"]}).save_to_disk("mypool")
+    _refused(capsys, ["mine-merge", s0, s1, "--out", "mypool"], "output mypool exists and is not empty",
+             "(flag --overwrite)", inputs=(here,))
+    assert load_from_disk("mypool")["prompt"] == ["mine"]
+    _accepted(capsys, ["mine-merge", s0, s1, "--out", "fresh"], inputs=tuple(shards))
+    _accepted(capsys, ["mine-merge", s0, s1, "--out", "mypool", "--overwrite"], inputs=tuple(shards))
+    assert load_from_disk("mypool")["pool_index"] == load_from_disk("fresh")["pool_index"]
+    assert sorted(load_from_disk("mypool")["pool_index"]) == list(range(6))
+    assert not [p for p in here.iterdir() if p.name.startswith(".")]  # no temporary folder left behind
+
+
+def _damage_done(s0: Path) -> str:
+    (s0 / "mining" / "done.json").write_text("{half")
+    return f"{s0 / 'mining' / 'done.json'} is damaged"
+
+
+def _damage_part(s0: Path) -> str:
+    (part,) = (s0 / "mining" / "parts").glob("part-*.jsonl")
+    with part.open("ab") as f:
+        f.write(b"\xff\xfe\n")
+    return f"{part} is damaged: line 4: not UTF-8 text"
+
+
+def _damage_arrow(s0: Path) -> str:
+    (arrow,) = s0.glob("data-*.arrow")
+    arrow.write_bytes(b"junk")
+    return f"{arrow} is damaged"
+
+
+def _damage_state(s0: Path) -> str:
+    (s0 / "state.json").unlink()
+    (s0 / "dataset_info.json").unlink()
+    return f"mining output {s0}: a folder without state.json"
+
+
+@pytest.mark.parametrize("damage", [_damage_done, _damage_part, _damage_arrow, _damage_state],
+                         ids=lambda f: f.__name__[len("_damage_"):])
+def test_merge_names_the_damaged_file(here, shards, capsys, damage):
+    culprit = damage(shards[0])
+    _refused(capsys, ["mine-merge", *map(str, shards), "--out", "merged"], culprit, inputs=tuple(shards))
+    assert not (here / "merged").exists()
+
+
+def test_a_failed_rebuild_puts_the_old_folder_back(here):
+    from grpo.mining.store import set_aside
+
+    old = here / "out"
+    old.mkdir()
+    (old / "data.bin").write_bytes(b"\x00old")
+    with pytest.raises(RuntimeError), set_aside(old):
+        old.mkdir()
+        (old / "half.bin").write_bytes(b"new")
+        raise RuntimeError("interrupted")
+    assert _snapshot(old) == {str(old / "data.bin"): b"\x00old"}
+    assert [p.name for p in here.iterdir()] == ["out"]
+
+
+def test_mine_refuses_a_folder_it_did_not_create(here, capsys):
+    from datasets import Dataset
+
+    Dataset.from_dict({k: [v] for k, v in GOOD_ROW.items()}).save_to_disk("mypool")
+    _refused(capsys, ["mine", "--data", "tiny", "--out", "mypool"], "output mypool is not empty and holds no "
+             "mining run", inputs=(here,))
+    _refused(capsys, ["mine", "--data", "mypool", "--out", "mypool"], "output mypool is the input mypool",
+             inputs=(here,))
+
+
+# ------------------------------------------------------------------------------------- score
+
+def test_score_never_scores_a_path(here, capsys):
+    """The README's example with files that do not exist, are binary or are not UTF-8."""
+    (here / "bin.html").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    (here / "latin.html").write_bytes("<table><tr><td>\xe9</td></tr></table>".encode("latin-1"))
+    for pred, culprit in (("pred.html", "prediction file pred.html: no such file"),
+                          ("bin.html", "prediction file bin.html: a binary file (NUL byte at offset 8)"),
+                          ("latin.html", "prediction file latin.html: not UTF-8 text (byte 0xe9 at offset 15)"),
+                          (str(here), f"prediction file {here}: not a file")):
+        _refused(capsys, ["score", "--task", "table", "--pred", pred, "--ref-text", "<table></table>"], culprit,
+                 inputs=(here,))
+    _refused(capsys, ["score", "--task", "table", "--pred-text", "x", "--ref", "ref.html"],
+             "reference file ref.html: no such file")
+
+
+def test_score_reads_files_with_a_byte_order_mark(here, capsys):
+    (here / "ref.txt").write_bytes(BOM + b"hello world")
+    out = _accepted(capsys, ["score", "--task", "text", "--pred-text", "hello world", "--ref", "ref.txt", "--json"],
+                    inputs=(here,))
+    assert json.loads(out)["value"] == 1.0
+
+
+def test_references_have_a_size_cap(here, capsys):
+    from rewards.scoring import MAX_REF_CHARS
+
+    (here / "big.txt").write_text("x" * (MAX_REF_CHARS + 1))
+    _refused(capsys, ["score", "--task", "text", "--pred-text", "x", "--ref", "big.txt"],
+             f"reference file big.txt: reference of {MAX_REF_CHARS + 1:,} characters is over the limit")
+    pairs = _lines(here / "pairs.jsonl", [PAIR, {**PAIR, "ref": "x" * (MAX_REF_CHARS + 1)}])
+    _refused(capsys, ["score", "--pairs", str(pairs)], "line 2: field 'ref': reference of", inputs=(pairs,))
+    pool = _lines(here / "pool.jsonl", [GOOD_ROW, {**GOOD_ROW, "target": "t" * (MAX_REF_CHARS + 1)}])
+    _refused(capsys, ["pool-stats", str(pool)], "line 2: target: reference of", inputs=(pool,))
+
+
+def test_pairs_lines(here, capsys):
+    typo = _lines(here / "typo.jsonl", [PAIR, {**PAIR, "expected": 0.5}])
+    _refused(capsys, ["score", "--pairs", str(typo), "--check"],
+             "line 2: unknown field(s) 'expected' (did you mean 'expect'?)", inputs=(typo,))
+    broken = _lines(here / "broken.jsonl", [PAIR, b'{"pred": "\xff", "ref": "a", "task": "text"}', "", "[1"])
+    _refused(capsys, ["score", "--pairs", str(broken)], "2 bad line(s)",
+             "line 2: not UTF-8 text (byte 0xff at column 11)", "line 4: not JSON", inputs=(broken,))
+    bom = _lines(here / "bom.jsonl", [PAIR, "", PAIR], prefix=BOM)
+    out = _accepted(capsys, ["score", "--pairs", str(bom), "--json", "--workers", "1"], inputs=(bom,))
+    assert [r["line"] for r in json.loads(out)["results"]] == [1, 3]  # file lines, blank ones counted
+    with pytest.raises(SystemExit) as info:  # argparse's own usage error
+        main(["score", "--pairs", str(bom), "--workers", "0"])
+    assert info.value.code == 2 and "argument --workers: expected an integer >= 1, got '0'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------- pools
+
+def test_pool_rows_are_named_where_the_user_finds_them(here, capsys):
+    from datasets import Dataset
+
+    pool = _lines(here / "pool.jsonl", [GOOD_ROW, "", {**GOOD_ROW, "task_type": "chart"}, b"\xc3("])
+    _refused(capsys, ["pool-stats", str(pool)], "2 bad row(s) of 3", "line 3: unknown task_type 'chart'",
+             "line 4: not UTF-8 text (byte 0xc3 at column 1)", inputs=(pool,))
+    Dataset.from_dict({k: [v, v] for k, v in GOOD_ROW.items()} | {"task_type": ["text", "chart"]}) \
+        .to_parquet(str(here / "pool.parquet"))
+    _refused(capsys, ["pool-stats", "pool.parquet"], "row 1: unknown task_type 'chart'", inputs=(here,))
+
+
+def test_unreadable_pools_name_the_file(here, capsys):
+    (here / "bad.parquet").write_bytes(b"PAR1 not really")
+    _refused(capsys, ["pool-stats", "bad.parquet"], "prompt pool bad.parquet: not a readable parquet file",
+             inputs=(here,))
+    (here / "empty").mkdir()
+    _refused(capsys, ["pool-stats", "empty"], "prompt pool empty: a folder without state.json",
+             "expected a save_to_disk folder, .parquet, .jsonl", inputs=(here,))
+    (here / "shards").mkdir()
+    (here / "bad.parquet").rename(here / "shards" / "part-0.parquet")
+    _refused(capsys, ["pool-stats", "shards"], "prompt pool shards: a folder of parquet files", inputs=(here,))
+
+
+def test_reading_a_dataset_folder_adds_no_file_to_it(here, capsys):
+    import io
+
+    from datasets import Dataset
+    from PIL import Image
+
+    png = io.BytesIO()
+    Image.new("RGB", (4, 3)).save(png, format="PNG")
+    Dataset.from_dict({**{k: [v, v] for k, v in GOOD_ROW.items()}, "image": [png.getvalue()] * 2}) \
+        .save_to_disk("pool")
+    _accepted(capsys, ["pool-stats", "pool"], inputs=(here / "pool",))
+    assert sorted(p.name for p in (here / "pool").iterdir()) == ["data-00000-of-00001.arrow", "dataset_info.json",
+                                                                 "state.json"]
+
+
+def test_mixed_value_types_name_line_and_column(here, capsys):
+    pool = _lines(here / "pool.jsonl", [{**GOOD_ROW, "meta": 1}, "", {**GOOD_ROW, "meta": "one"}])
+    _refused(capsys, ["pool-stats", str(pool)], "line 3: column 'meta' holds str ('one') where the lines before "
+             "hold int", inputs=(pool,))
+    huge = _lines(here / "huge.jsonl", [{**GOOD_ROW, "n": 10 ** 30}])
+    _refused(capsys, ["pool-stats", str(huge)], "line 1: column 'n' holds int", inputs=(huge,))
+
+
+def test_a_byte_order_mark_is_accepted(here, capsys):
+    pool = _lines(here / "pool.jsonl", [GOOD_ROW], prefix=BOM)
+    _accepted(capsys, ["pool-stats", str(pool)], inputs=(pool,))
+    assert sorted(p.name for p in here.iterdir()) == ["pool.jsonl"]  # and no PNG unless asked
+
+
+def test_pool_stats_writes_only_where_asked(here, capsys):
+    pool = _lines(here / "pool.jsonl", [GOOD_ROW])
+    for png, culprit in (("", "--png '': give a file path"), ("lengths.jpg", "must end in .png"),
+                         ("no/such/dir/l.png", "the folder no/such/dir does not exist (pool-stats creates none)"),
+                         (str(here), "is a folder")):
+        _refused(capsys, ["pool-stats", str(pool), "--png", png], culprit, inputs=(here,))
+    _refused(capsys, ["pool-stats", str(pool), "--json", str(pool)], "would write over or into the pool",
+             inputs=(pool,))
+    assert sorted(p.name for p in here.iterdir()) == ["pool.jsonl"]
+    _accepted(capsys, ["pool-stats", str(pool), "--png", "l.png", "--json", "s.json"], inputs=(pool,))
+    assert sorted(p.name for p in here.iterdir()) == ["l.png", "pool.jsonl", "s.json"]  # no temporary left
+
+
+def test_no_writer_replaces_a_special_file(here, capsys):
+    import os
+    import stat
+
+    from grpo.mining.store import atomic_write
+
+    os.mkfifo(here / "pipe.json")
+    _refused(capsys, ["pool-stats", "tiny-probe", "--json", "pipe.json"], "--json pipe.json: exists and is not a "
+             "regular file")
+    with pytest.raises(UserError, match="is not a regular file; refusing to replace it"):
+        atomic_write(here / "pipe.json", "{}")
+    assert stat.S_ISFIFO(os.stat(here / "pipe.json").st_mode)
+
+
+def test_a_damaged_checkpoint_config_is_named(here, capsys):
+    (here / "ckpt").mkdir()
+    (here / "ckpt" / "config.json").write_text("{half")
+    _refused(capsys, ["mine", "--model", "ckpt", "--data", "tiny", "--out", "out"], "ckpt/config.json: not valid JSON",
+             inputs=(here,))
+    assert not (here / "out").exists()
+
+
+def test_narrow_terminal_gets_readable_rows(here, capsys, monkeypatch):
+    from grpo.console import console
+
+    monkeypatch.setattr(type(console), "is_terminal", property(lambda self: True))
+    monkeypatch.setattr(console, "_width", 40)
+    lines = _accepted(capsys, ["pool-stats", "tiny-probe"]).splitlines()
+    assert "…" not in "".join(lines)
+    assert any(line.startswith("all: rows 60, share 100.0%, p10 ") for line in lines), lines
+
+
+# ------------------------------------------------------------------------------------- train, the CLI itself
+
+def test_accelerate_config_that_is_a_list(here, capsys):
+    (here / "acc.yaml").write_text("- num_processes\n- 2\n")
+    _refused(capsys, ["train", "--dry-run", "--accelerate-config", "acc.yaml"],
+             "accelerate config acc.yaml: a list, expected a mapping", inputs=(here,))
+
+
+def test_a_yaml_syntax_error_comes_alone(here, capsys):
+    (here / "run.yaml").write_text("max_steps: [1, 2\n")
+    message = _refused(capsys, ["train", "--dry-run", "--config", "run.yaml"], "run.yaml: not valid YAML",
+                       "(1 problem(s))", inputs=(here,))
+    assert "bf16" not in message
+
+
+def test_version_and_verbose_anywhere(here, capsys):
+    import grpo
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0 and capsys.readouterr().out.strip() == f"gravity-grpo {grpo.__version__}"
+    for argv in (["-v", "pool-stats", "missing.jsonl"], ["pool-stats", "missing.jsonl", "-v"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" in err and err.rstrip().endswith("error: prompt pool missing.jsonl: no such file")
+
+
+# ------------------------------------------------------------------------------------- any bytes
+
+LINE_PIECES = st.sampled_from([b"{", b"}", b'"prompt": "p"', b'"target": "t"', b'"task_type": "text"',
+                               b'"task": "text"', b'"pred": "a"', b'"ref": "a"', b'"expect": 1', b'"min": "x"',
+                               b'"image": 5', b'"meta": [1, "a"]', b",", b"\n", b"\r\n", b"\xff", b"\xef\xbb\xbf",
+                               b"null", b"[", b"1e999", b'"\\ud800"', b" "])
+HOSTILE_BYTES = st.one_of(st.binary(max_size=300), st.lists(LINE_PIECES, max_size=40).map(b"".join))
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(HOSTILE_BYTES)
+def test_any_bytes_give_pairs_or_one_user_error(data):
+    from rewards.regression import read_pairs
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "pairs.jsonl"
+        path.write_bytes(data)
+        try:
+            pairs = read_pairs(path)
+        except UserError as err:
+            assert str(err).startswith(f"{path}")
+        else:
+            assert pairs and all(isinstance(p.pred, str) and p.line >= 1 for p in pairs)
+        assert path.read_bytes() == data
+
+
+@SETTINGS
+@given(HOSTILE_BYTES)
+def test_any_bytes_give_a_pool_or_one_user_error(data):
+    from data.pool import load_pool
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "pool.jsonl"
+        path.write_bytes(data)
+        try:
+            ds = load_pool(str(path), skip_bad=True)
+        except UserError as err:
+            assert str(err).startswith(f"prompt pool {path}")
+        else:
+            assert len(ds) >= 1 and all(isinstance(t, str) and t.strip() for t in ds["target"])
+        assert path.read_bytes() == data
