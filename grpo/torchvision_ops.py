@@ -72,3 +72,20 @@ def install() -> None:
     if "torchvision" in sys.modules or _BeforeTorchvision in sys.meta_path:
         return
     sys.meta_path.insert(0, _BeforeTorchvision)
+
+
+PTH_NAME = "gravity_grpo_torchvision.pth"
+PTH_LINE = "import grpo.torchvision_ops as _tv; _tv.install()\n"
+
+
+def write_pth() -> Path:
+    """Write the `.pth` file that calls `install()` at every start of this interpreter (`make setup`)."""
+    import sysconfig
+
+    path = Path(sysconfig.get_paths()["purelib"]) / PTH_NAME
+    path.write_text(PTH_LINE)
+    return path
+
+
+if __name__ == "__main__":
+    print(f"wrote {write_pth()}")

