@@ -36,28 +36,32 @@ PHASES = ("generation", "reward", "logprobs", "backward", "drafter", "tpf_probe"
 
 @contextmanager
 def _cpu_engine_settings(model: Any, args: Any):
-    """On CPU, the vLLM engine TRL builds runs in the policy's dtype and eagerly.
+    """The colocated vLLM engine TRL builds: on CPU in the policy's dtype and eagerly; on CUDA eagerly when
+    `vllm_enforce_eager` is set (TRL has no setting for either).
 
     TRL builds its colocated `LLM` without a dtype, and vLLM's "auto" turns a float32 checkpoint into
     bfloat16: the rollouts then come from a different policy than the one trained (on the tiny model,
-    importance ratios down to 0.64 and greedy outputs that part after ~10 tokens). TRL exposes no setting
-    for it, so for the duration of the trainer's construction the `LLM` it calls gets these two arguments.
-    Eager mode skips vLLM's inductor compilation (slow to start on CPU, and what `grpo.vllm_engine` uses).
+    importance ratios down to 0.64 and greedy outputs that part after ~10 tokens). So for the duration of the
+    trainer's construction the `LLM` it calls gets these arguments. Eager mode skips vLLM's inductor
+    compilation (slow to start on CPU, and what `grpo.vllm_engine` uses) and CUDA graph capture.
     """
     import torch
 
     on_cpu = getattr(args, "use_cpu", False) or not torch.cuda.is_available()
-    if not (getattr(args, "use_vllm", False) and getattr(args, "vllm_mode", None) == "colocate" and on_cpu
-            and hasattr(model, "parameters")):
+    extra = {}
+    if on_cpu and hasattr(model, "parameters"):
+        extra = {"dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "enforce_eager": True}
+    elif not on_cpu and getattr(args, "vllm_enforce_eager", False):
+        extra = {"enforce_eager": True}
+    if not (getattr(args, "use_vllm", False) and getattr(args, "vllm_mode", None) == "colocate" and extra):
         yield
         return
     from trl.generation import vllm_generation
 
     from grpo.vllm_engine import engine_start_guard
 
-    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     original = vllm_generation.LLM
-    vllm_generation.LLM = functools.partial(original, dtype=dtype, enforce_eager=True)
+    vllm_generation.LLM = functools.partial(original, **extra)
     try:
         with engine_start_guard():
             yield

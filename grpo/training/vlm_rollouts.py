@@ -97,6 +97,6 @@ def check_prompt_alignment(processor: Any, row: dict) -> None:
             f"the processor tokenizes one prompt to {len(ids)} ids through its chat template but to "
             f"{per_token.shape[-1]} when TRL encodes the rendered text for the image fields (mm_token_type_ids); "
             f"the 3-D positions would be misplaced. Usually the chat template writes the BOS token "
-            f"{tokenizer.bos_token!r} and the tokenizer adds it again: keep it in the template and set "
-            "add_bos_token: false in tokenizer_config.json (or drop the tokenizer's BOS post-processor)")
+            f"{tokenizer.bos_token!r} and the tokenizer adds it again: keep it in the template and make the "
+            "tokenizer stop adding it on plain encoding (add_bos_token, or its tokenizer.json post_processor)")
 
