@@ -7,6 +7,8 @@
   tokenizer.json.)
 - `build_glmocr_checkpoint(dir)`: a tiny `GlmOcrForConditionalGeneration` (vision tower + M-RoPE text
   decoder) with the same kind of tokenizer plus GLM-OCR's image tokens.
+- `build_vllm_glmocr(dir)`: that model shaped so vLLM serves it as transformers runs it, with the full
+  torchvision-backed processor; `build_tiny_vlm(root)` the committed data/tiny/vlm (model, pool, probe).
 - `build_glm_processor(tokenizer)`: GLM-OCR's real `Glm46VProcessor` around the PIL image processor and a
   GLM-style chat template, for `encode_prompt`.
 """
