@@ -143,3 +143,24 @@ def test_prompt_ids_and_mm_token_type_ids_agree_or_are_refused(tmp_path, templat
         with pytest.raises(PromptAlignmentError, match=r"to (\d+) ids through its chat template but to (?!\1)\d+ .*"
                                                        "BOS token '<bos>'"):
             check_prompt_alignment(processor, row)
+
+
+@pytest.mark.parametrize("text, vision, message", [
+    ({"intermediate_size": 128}, {"out_hidden_size": 64, "in_channels": 3, "temporal_patch_size": 2},
+     r"text_config.intermediate_size = 128 but vision_config.out_hidden_size x in_channels = 192"),
+    ({"intermediate_size": 192}, {"out_hidden_size": 64, "in_channels": 3, "temporal_patch_size": 1},
+     r"vision_config.temporal_patch_size = 1; vLLM's GLM-OCR code needs 2"),
+])
+def test_configs_vllm_would_serve_wrong_are_refused_by_name(tmp_path, text, vision, message):
+    import json
+
+    from grpo.checkpoint import CheckpointError
+    from grpo.vllm_engine import check_vlm_for_vllm
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "glm_ocr", "text_config": text,
+                                                      "vision_config": vision}))
+    with pytest.raises(CheckpointError, match=rf"config.json: {message}"):
+        check_vlm_for_vllm(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "glm_ocr", "text_config": {
+        **text, "intermediate_size": 192}, "vision_config": {**vision, "temporal_patch_size": 2}}))
+    check_vlm_for_vllm(tmp_path)  # GLM-OCR's shape: accepted
