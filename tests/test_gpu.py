@@ -54,11 +54,12 @@ def _overrides(out: Path, **values) -> dict:
 
 
 def _text_config(out: Path, **values):
-    return ROOT / "configs" / "tiny_cpu.yaml", _overrides(out, bf16=False, **values)
+    return ROOT / "configs" / "tiny_cpu.yaml", _overrides(out, **{"bf16": False, "probe_size": 12, **values})
 
 
 def _vlm_config(out: Path, **values):
-    return ROOT / "configs" / "tiny_vlm_cpu.yaml", _overrides(out, **values)
+    paths = {"model": str(TINY_VLM / "model"), "pool": str(TINY_VLM / "pool"), "probe_set": str(TINY_VLM / "probe")}
+    return ROOT / "configs" / "tiny_vlm_cpu.yaml", _overrides(out, **paths, **values)
 
 
 def _check_history(out: Path, steps: int, fp32: bool) -> dict:

@@ -168,7 +168,9 @@ def test_grpo_run_with_vllm_images_and_its_checkpoint(tmp_path):
 
     out = tmp_path / "run"
     config = load_config(ROOT / "configs" / "tiny_vlm_cpu.yaml",
-                         {"output_dir": str(out), "max_steps": 2, "save_steps": 2, "tpf_every": 2})
+                         {"output_dir": str(out), "max_steps": 2, "save_steps": 2, "tpf_every": 2,
+                          "model": str(TINY_VLM / "model"), "pool": str(TINY_VLM / "pool"),
+                          "probe_set": str(TINY_VLM / "probe")})
     summary = run_training(config)
     trainer = summary["trainer"]
     assert hasattr(trainer.vllm_generation.generate, "__wrapped__")  # the one-expansion wrapper is in place
