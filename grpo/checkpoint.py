@@ -119,10 +119,15 @@ def tokenizer_of(processor: Any) -> Any:
     return getattr(processor, "tokenizer", processor)
 
 
+# Where a saved processor keeps its image settings: transformers 5 writes processor_config.json (all parts in
+# one file), earlier versions and many hub checkpoints preprocessor_config.json.
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+
+
 def _load_processor(path: Path, is_vlm: bool) -> Any:
     from transformers import AutoProcessor, AutoTokenizer
 
-    if is_vlm and (path / "preprocessor_config.json").is_file():
+    if is_vlm and any((path / name).is_file() for name in PROCESSOR_FILES):
         try:
             return AutoProcessor.from_pretrained(path)
         except (ImportError, AttributeError) as err:  # GLM's processor needs torchvision for its video part

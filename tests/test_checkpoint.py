@@ -123,3 +123,23 @@ def test_save_without_mask_token_is_refused(tmp_path):
                                          num_hidden_layers=1, num_attention_heads=2))
     with pytest.raises(CheckpointError, match="call add_mask_token"):
         save_joint_checkpoint(model, tokenizer, tmp_path / "out", bd_size=8)
+
+
+@pytest.mark.parametrize("layout", ["processor_config.json", "preprocessor_config.json"])
+def test_glmocr_processor_reloads_from_either_file(tmp_path, layout):
+    """transformers 5 saves a processor as processor_config.json; older saves (and hub checkpoints) have
+    preprocessor_config.json. Either reloads as GLM-OCR's processor, not as a bare tokenizer."""
+    pytest.importorskip("torchvision", reason="GLM-OCR's processor needs torchvision: run `make setup`")
+    from transformers import AutoProcessor
+
+    from helpers_models import build_vllm_glmocr
+
+    path = build_vllm_glmocr(tmp_path / "glm", max_pixels=2048)
+    assert (path / "processor_config.json").is_file() and not (path / "preprocessor_config.json").exists()
+    if layout == "preprocessor_config.json":
+        AutoProcessor.from_pretrained(path).image_processor.save_pretrained(path)
+        (path / "processor_config.json").unlink()
+    ckpt = load_checkpoint(path, need_drafter=True)
+    assert type(ckpt.processor).__name__ == "Glm46VProcessor"
+    assert ckpt.processor.image_processor.size.longest_edge == 2048
+    assert ckpt.bd.mask_id == ckpt.processor.tokenizer.convert_tokens_to_ids(MASK_TOKEN)

