@@ -83,8 +83,7 @@ def mine(cfg: MineConfig, llm=None) -> dict:
     already mined, or `cfg.hf_generate`).
     """
     from data.pool import load_pool
-    from grpo.checkpoint import resolve_model
-    from grpo.vllm_engine import is_vlm_checkpoint
+    from grpo.checkpoint import is_vlm_checkpoint, resolve_model
 
     model_dir = resolve_model(cfg.model)
     pool = load_pool(cfg.data, skip_bad=cfg.skip_bad, index_column=INDEX)

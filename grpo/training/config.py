@@ -117,6 +117,18 @@ class GravityGRPOConfig(GRPOConfig):
             raise ConfigError(f"LoRA settings out of range: lora_r={self.lora_r} (>= 1), "
                               f"lora_alpha={self.lora_alpha} (> 0), lora_dropout={self.lora_dropout} (in [0, 1))")
 
+    @property
+    def needs_drafter(self) -> bool:
+        """Whether the run uses the block-diffusion drafter: the TPF probe or the drafter loss."""
+        return needs_drafter(self.tpf_every, self.drafter_loss_weight)
+
+    @property
+    def on_cpu(self) -> bool:
+        """Whether this run trains on CPU here (`grpo.hardware.on_cpu`)."""
+        from grpo.hardware import on_cpu
+
+        return on_cpu(self.use_cpu)
+
     def compares_ar_at(self, step: int) -> bool:
         """Whether the TPF probe at `step` also decodes AR greedy (`tpf_compare_ar`)."""
         return self.tpf_compare_ar == "always" or (self.tpf_compare_ar == "first" and step == 0)
@@ -129,6 +141,11 @@ class GravityGRPOConfig(GRPOConfig):
 
         return LoraConfig(r=self.lora_r, lora_alpha=self.lora_alpha, lora_dropout=self.lora_dropout,
                           target_modules=self.lora_target_modules, task_type="CAUSAL_LM")
+
+
+def needs_drafter(tpf_every: int, drafter_loss_weight: float) -> bool:
+    """A run needs the drafter for the TPF probe (`tpf_every` > 0) or the drafter loss (weight > 0)."""
+    return tpf_every > 0 or drafter_loss_weight > 0
 
 
 def config_fields() -> set[str]:
