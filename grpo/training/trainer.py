@@ -259,7 +259,7 @@ def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
     model, quantization = ckpt.model, None
     if config.load_in_4bit:  # TRL loads the base weights in 4 bit from the folder
         model, quantization = str(ckpt.path), qlora_quantization_config()
-    reward = OcrReward(table_bonus=config.table_bonus)
+    reward = OcrReward(config.reward_settings)
     trainer = GravityGRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=pool,
                                  processing_class=ckpt.processor, peft_config=config.peft_config(),
                                  quantization_config=quantization, block_diffusion=ckpt.bd)
