@@ -65,13 +65,13 @@ def read_accelerate_config(path: str | Path | None) -> dict[str, Any]:
     return raw or {}
 
 
-def build_config(values: dict[str, Any], num_processes: int, local_hardware: bool):
-    """`GravityGRPOConfig(**values)` as `num_processes` launched processes would build it.
+def build_as_launched(values: dict[str, Any], num_processes: int, local_hardware: bool, source: str = "config"):
+    """`build_config(values, source)` as `num_processes` launched processes would build it.
 
     With `local_hardware` False (a run for another cluster) the bf16 capability check of transformers is
     answered yes, since this machine's GPU is not the one that will train.
     """
-    from grpo.training.config import GravityGRPOConfig
+    from grpo.training.config import GravityGRPOConfig, build_config
 
     with ExitStack() as stack:
         stack.enter_context(mock.patch.object(GravityGRPOConfig, "world_size",
@@ -79,7 +79,7 @@ def build_config(values: dict[str, Any], num_processes: int, local_hardware: boo
         if not local_hardware:
             stack.enter_context(mock.patch("transformers.training_args.is_torch_bf16_gpu_available",
                                            return_value=True))
-        return GravityGRPOConfig(**values)
+        return build_config(values, source)
 
 
 def batch_facts(cfg: Any, num_processes: int, pool_rows: int | None) -> dict[str, str]:
@@ -216,7 +216,7 @@ def check_engine(cfg: Any, is_vlm: bool | None, on_cpu: bool, report: PreflightR
 
 def check_training(cfg: Any, is_vlm: bool | None, on_cpu: bool, report: PreflightReport) -> None:
     """What the training code supports: QLoRA only on CUDA, the drafter loss only on text checkpoints."""
-    if cfg.load_in_4bit and on_cpu:
+    if cfg.model_args.load_in_4bit and on_cpu:
         report.problems.append("training: load_in_4bit (QLoRA) needs CUDA: bitsandbytes' 4-bit layers run on "
                                "GPUs; drop load_in_4bit to train LoRA on full-precision weights here")
     if is_vlm and cfg.drafter_loss_weight > 0:
@@ -292,22 +292,20 @@ def preflight(config_path: str | Path | None = None, overrides: dict[str, Any] |
     and checks this machine's hardware; a given `num_processes` is a run for another cluster: the local
     GPU and bf16 checks are skipped, with a note.
     """
-    from grpo.training.config import config_fields, read_yaml
-    from grpo.yaml_config import check_keys
+    from grpo.training.config import fields
+    from grpo.yaml_config import read_recipe
 
     report = PreflightReport()
     values: dict[str, Any] = {}
+    problems = []
     try:
-        values = read_yaml(config_path) if config_path is not None else {}
+        if config_path is not None:
+            values = fields().values(read_recipe(config_path), str(config_path), problems)
     except ConfigError as err:
-        report.problems.append(f"config: {err}")
-    extra = {k: v for k, v in (overrides or {}).items() if v is not None}
-    for key, value in extra.items():
-        try:
-            check_keys({key: value}, "command line", config_fields())
-            values[key] = value
-        except ConfigError as err:
-            report.problems.append(f"config: {err}")
+        problems.append(str(err))
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    values.update(fields().values(given, "command line", problems))
+    report.problems.extend(f"config: {p}" for p in problems)
     try:
         accelerate = read_accelerate_config(accelerate_config)
     except (ConfigError, ValueError) as err:
@@ -321,9 +319,10 @@ def preflight(config_path: str | Path | None = None, overrides: dict[str, Any] |
 
     cfg = None
     try:
-        cfg = build_config(values, n, local_hardware)
-    except (TypeError, ValueError) as err:  # TRL's and our own __post_init__ checks
-        report.problems.append(f"config{f' {config_path}' if config_path else ''} with {n} process(es): {err}")
+        cfg = build_as_launched(values, n, local_hardware,
+                                f"config{f' {config_path}' if config_path else ''} with {n} process(es)")
+    except ConfigError as err:  # TRL's and our own __post_init__ checks
+        report.problems.append(str(err))
 
     get = None if cfg is not None else (lambda name: values.get(name, _field_default(name)))
     return check_run(cfg, n, local_hardware=local_hardware, accelerate=accelerate, report=report, get=get)

@@ -257,7 +257,7 @@ def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
         set_engine_env()  # before TRL starts the engine: in-process, small CPU KV cache
     config.generation_kwargs = rollout_generation_kwargs(config, ckpt)
     model, quantization = ckpt.model, None
-    if config.load_in_4bit:  # TRL loads the base weights in 4 bit from the folder
+    if config.model_args.load_in_4bit:  # TRL loads the base weights in 4 bit from the folder
         model, quantization = str(ckpt.path), qlora_quantization_config()
     reward = OcrReward(config.reward_settings)
     trainer = GravityGRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=pool,
