@@ -70,14 +70,14 @@ def _yaml_problem(err) -> str:
     return f"line {mark.line + 1}, column {mark.column + 1}: {context}{problem}"
 
 
-def _optional(dtype: type) -> set[str]:
-    """Fields of `dtype` that accept None (a None default, or None in the annotation)."""
+def _annotated(dtype: type) -> dict[str, set[type]]:
+    """Per field of `dtype`, the plain types its annotation names (`dict | str | None` -> dict, str, NoneType),
+    None included when the default is None."""
     hints = typing.get_type_hints(dtype)
-    out = set()
+    out = {}
     for f in dataclasses.fields(dtype):
-        kinds = typing.get_args(hints.get(f.name))
-        if f.default is None or type(None) in kinds:
-            out.add(f.name)
+        kinds = typing.get_args(hints.get(f.name)) or (hints.get(f.name),)
+        out[f.name] = {typing.get_origin(k) or k for k in kinds} | ({type(None)} if f.default is None else set())
     return out
 
 
@@ -100,7 +100,7 @@ class Fields:
 
         self.aliases = dict(aliases or {})
         dropped = exclude | set(self.aliases)  # an alias may be a field name of a library dataclass
-        self.optional = set().union(*(_optional(t) for t in dataclass_types))
+        self.annotated = {k: v for t in dataclass_types for k, v in _annotated(t).items()}
         parser = HfArgumentParser(dataclass_types)
         self.flags = [a for a in parser._actions if a.dest != "help" and a.dest not in dropped]
         self.actions = {a.dest: a for a in self.flags if a.type is not None}
@@ -139,9 +139,11 @@ class Fields:
 
     def typed(self, key: str, value: Any, source: str) -> Any:
         """`value` as the type of field `key` (a string is parsed: "3e-6" is a float)."""
-        action = self.actions[key]
+        action, annotated = self.actions[key], self.annotated.get(key, set())
+        if isinstance(value, (dict, list)) and type(value) in annotated and action.nargs not in ("+", "*"):
+            return value  # a mapping (or list) where the annotation allows one, e.g. generation_kwargs
         if value is None:
-            if key in self.optional:
+            if type(None) in annotated:
                 return None
             raise ConfigError(f"{source}: {key} must be {_kind(action)}, got nothing (null)")
         if action.nargs in ("+", "*"):

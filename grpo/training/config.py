@@ -159,6 +159,12 @@ class GravityGRPOConfig(GRPOConfig):
         """Whether the TPF probe at `step` also decodes AR greedy (`tpf_compare_ar`)."""
         return self.tpf_compare_ar == "always" or (self.tpf_compare_ar == "first" and step == 0)
 
+    def to_dict(self) -> dict[str, Any]:
+        """TRL's dict of the config plus the LoRA/quantization keys of `model_args`, so a run's saved config
+        (`config.json` of the run folder) holds every key of its recipe."""
+        model_keys = [k for k, owner in fields().owner.items() if owner is GravityModelConfig]
+        return {**super().to_dict(), **{k: getattr(self.model_args, k) for k in model_keys}}
+
     def peft_config(self):
         """The peft `LoraConfig` of `model_args` (TRL's `get_peft_config`), None without `use_peft`."""
         from trl import get_peft_config
