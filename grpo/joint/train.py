@@ -12,7 +12,7 @@ Example:
 """
 from __future__ import annotations
 
-import dataclasses
+import functools
 import logging
 import math
 import random
@@ -82,6 +82,7 @@ ALIASES = {"out_dir": "output_dir", "out": "output_dir", "init": "model", "data"
            "threads": "cpu_threads"}
 
 
+@functools.cache
 def fields() -> Fields:
     """The keys of `JointConfig` (and their old names), typed by transformers' HfArgumentParser."""
     return Fields(JointConfig, aliases=ALIASES)

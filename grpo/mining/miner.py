@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 from dataclasses import dataclass, field
@@ -121,6 +122,7 @@ class MineConfig:
             raise MiningError(str(err)) from None
 
 
+@functools.cache
 def fields() -> Fields:
     """The keys of `MineConfig` (and their old names), typed by transformers' HfArgumentParser."""
     return Fields(MineConfig, aliases=ALIASES)
@@ -176,7 +178,7 @@ def mine(cfg: MineConfig, llm=None) -> dict:
                                gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, dtype=cfg.dtype)
             sampler = VllmSampler(llm, is_vlm_checkpoint(model_dir))
         _mine_rows(ds, todo, sampler, cfg, run, initial=len(ds) - len(todo))
-    return assemble(ds, run.read_parts(), run, cfg.rank, cfg.min_std, cfg.num_generationseep, manifest)
+    return assemble(ds, run.read_parts(), run, cfg.rank, cfg.min_std, cfg.keep, manifest)
 
 
 def _mine_rows(ds, todo: list[int], sampler, cfg: MineConfig, run: MiningStore, initial: int) -> None:
