@@ -32,6 +32,21 @@ log = logging.getLogger(__name__)
 EXTENDS = "extends"  # recipe key: the recipe (path relative to this file) whose keys this one starts from
 
 
+class RenamedFlag(argparse.Action):
+    """A flag's old spelling: stores as the new one (`dest`) and prints one deprecation line.
+
+    Example: `parser.add_argument("--data", dest="pool", action=RenamedFlag, new="--pool")`.
+    """
+
+    def __init__(self, option_strings, dest, new: str, **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        log.warning("%s is deprecated; use %s (same meaning)", option_string, self.new)
+        setattr(namespace, self.dest, values)
+
+
 class ConfigError(UserError, ValueError):
     """A configuration that cannot run; the message names the file or field and the fix."""
 

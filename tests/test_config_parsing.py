@@ -141,3 +141,16 @@ def test_set_types_by_the_field(tmp_path):
     train.add_arguments(parser)
     args = parser.parse_args(["--set", "learning_rate=1e-4", "--set", "lora_r=8", "--max-steps", "3"])
     assert train.overrides(args) == {"max_steps": 3, "learning_rate": 1e-4, "lora_r": 8}
+
+
+def test_tpf_names_its_pool_as_the_other_commands(caplog):
+    import argparse
+
+    from grpo.commands import tpf
+
+    parser = argparse.ArgumentParser()
+    tpf.add_arguments(parser)
+    with caplog.at_level(logging.WARNING):
+        old = parser.parse_args(["--data", "tiny-probe"])
+    assert old.pool == parser.parse_args(["--pool", "tiny-probe"]).pool == "tiny-probe"
+    assert [r.getMessage() for r in caplog.records] == ["--data is deprecated; use --pool (same meaning)"]
