@@ -231,10 +231,12 @@ def check_hardware(cfg: Any, num_processes: int, report: PreflightReport) -> Non
     the launcher's `LOCAL_WORLD_SIZE` when set)."""
     import torch
 
+    from grpo.hardware import on_cpu
+
     if cfg.use_cpu:
         report.facts["hardware"] = f"CPU, {num_processes} process(es)"
         return
-    if not torch.cuda.is_available():
+    if on_cpu():
         report.problems.append("hardware: the config trains on GPU (use_cpu is false) but this machine has no "
                                "CUDA device; set use_cpu: true, or check a run for another cluster with its "
                                "process count")
