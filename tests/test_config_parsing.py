@@ -127,6 +127,7 @@ def _one_error(capsys, argv, *culprits):
     (["train", "--dry-run", "--num-processes", "-2"], ["num_processes must be >= 1, got -2"]),
     (["train", "--dry-run", "--num-processes", "0"], ["num_processes must be >= 1, got 0"]),
     (["joint", "--lr", "quick"], ["learning_rate must be a number, got 'quick'"]),
+    (["joint", "--batch-size", "0"], ["batch_size must be >= 1, got 0"]),
 ])
 def test_cli_values_are_typed_at_the_boundary(capsys, argv, culprits):
     _one_error(capsys, argv, *culprits)

@@ -64,8 +64,9 @@ class JointConfig:
     max_position_embeddings: int = 2048
 
     def __post_init__(self) -> None:
-        if self.bd_size < 1:
-            raise ConfigError(f"bd_size must be >= 1, got {self.bd_size}")
+        for name in ("bd_size", "batch_size", "cpu_threads"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.ar_loss_weight < 0:
             raise ConfigError(f"ar_loss_weight must be >= 0, got {self.ar_loss_weight}")
         if self.ar_steps < 0 or self.joint_steps < 0 or self.ar_steps + self.joint_steps == 0:
