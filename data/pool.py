@@ -27,8 +27,7 @@ from pathlib import Path
 
 from grpo.errors import MissingFileError, UserError
 from grpo.jsonl import read_lines
-from rewards import TASKS
-from rewards.scoring import check_reference
+from rewards.scoring import check_reference, task_problem
 
 log = logging.getLogger(__name__)
 
@@ -299,8 +298,8 @@ def _row_problem(row: dict, base_dir: Path, has_image: bool) -> str | None:
     task = row.get("task_type")
     if task is None:
         reasons.append("missing task_type")
-    elif task not in TASKS:
-        reasons.append(f"unknown task_type {task!r} (valid: {', '.join(TASKS)})")
+    elif problem := task_problem(task, "task_type"):
+        reasons.append(problem)
     for column in ("target", "prompt"):
         value = row.get(column)
         if value is None:

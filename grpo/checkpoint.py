@@ -136,11 +136,23 @@ def _load_processor(path: Path, is_vlm: bool) -> Any:
     return AutoTokenizer.from_pretrained(path)
 
 
-def check_mask_id(bd: BlockDiffusionConfig, model: Any, processor: Any, path: Path) -> None:
-    """Refuse a `mask_id` outside the embedding matrix or the tokenizer's vocabulary."""
-    n_embed = model.get_input_embeddings().num_embeddings
+def is_vlm(config: Any) -> bool:
+    """True for a vision-language model config (GLM-OCR): the one VLM test of the package."""
+    return getattr(config, "model_type", None) in VLM_MODEL_TYPES
+
+
+def is_vlm_checkpoint(path: str | Path) -> bool:
+    """`is_vlm` of the checkpoint folder `path` (its config only, no weights)."""
+    from transformers import AutoConfig
+
+    return is_vlm(AutoConfig.from_pretrained(path))
+
+
+def check_mask_id(bd: BlockDiffusionConfig, n_embed: int | None, processor: Any, path: Path) -> None:
+    """Refuse a `mask_id` outside the embedding matrix (`n_embed` rows; None: unknown) or the tokenizer's
+    vocabulary."""
     n_vocab = len(tokenizer_of(processor))
-    if not 0 <= bd.mask_id < min(n_embed, n_vocab):
+    if not 0 <= bd.mask_id < min(n_vocab, n_embed or n_vocab):
         raise CheckpointError(
             f"{path / BD_FILE}: field 'mask_id' = {bd.mask_id} is out of vocabulary "
             f"(tokenizer has {n_vocab} tokens, embedding matrix {n_embed} rows)")
@@ -158,13 +170,13 @@ def load_checkpoint(spec: str | Path, need_drafter: bool = False,
     path = resolve_model(spec)
     bd = BlockDiffusionConfig.load(path) if need_drafter or (path / BD_FILE).is_file() else None
     config = AutoConfig.from_pretrained(path)
-    is_vlm = config.model_type in VLM_MODEL_TYPES
-    auto = AutoModelForImageTextToText if is_vlm else AutoModelForCausalLM
+    vlm = is_vlm(config)
+    auto = AutoModelForImageTextToText if vlm else AutoModelForCausalLM
     model = auto.from_pretrained(path, dtype=dtype).eval()
-    processor = _load_processor(path, is_vlm)
+    processor = _load_processor(path, vlm)
     if bd is not None:
         try:
-            check_mask_id(bd, model, processor, path)
+            check_mask_id(bd, model.get_input_embeddings().num_embeddings, processor, path)
         except CheckpointError as err:
             if need_drafter:
                 raise
@@ -172,7 +184,7 @@ def load_checkpoint(spec: str | Path, need_drafter: bool = False,
             bd = None
     if bd is not None and need_drafter and bd.ar_loss_weight == 0:
         logger.warning("%s: ar_loss_weight is 0, the AR path was not trained to verify drafts", path / BD_FILE)
-    return Checkpoint(model=model, processor=processor, bd=bd, is_vlm=is_vlm, path=path)
+    return Checkpoint(model=model, processor=processor, bd=bd, is_vlm=vlm, path=path)
 
 
 def add_mask_token(model: Any, tokenizer: Any) -> int:
@@ -202,6 +214,6 @@ def save_joint_checkpoint(model: Any, processor: Any, out_dir: str | Path, bd_si
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     processor.save_pretrained(out)
-    check_mask_id(bd, model, processor, out)
+    check_mask_id(bd, model.get_input_embeddings().num_embeddings, processor, out)
     bd.save(out)
     return bd

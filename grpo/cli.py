@@ -14,6 +14,7 @@ import importlib
 import logging
 import sys
 
+import grpo
 from grpo.errors import UserError
 
 USER_ERROR_EXIT = 2  # the exit code of a user mistake, as argparse's usage errors
@@ -32,9 +33,10 @@ COMMANDS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    import grpo
-
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The CLI parser; only the subcommand named in `argv` gets its arguments (`train` generates its flags from
+    TRL's config classes, so the others, and `--help`, need not import TRL)."""
+    named = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
     parser = argparse.ArgumentParser(
         prog="gravity-grpo",
         description="GRPO through the causal AR path of a self-speculative OCR model, and its tools.")
@@ -48,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(f"grpo.commands.{module_name}")
         command = sub.add_parser(name, help=module.HELP, description=module.HELP, parents=[verbose])
-        module.add_arguments(command)
+        if name == named:
+            module.add_arguments(command)
         command.set_defaults(run=module.run, parser=command)
     return parser
 
@@ -60,7 +63,7 @@ def flag_hint(parser: argparse.ArgumentParser, setting: str | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
     try:

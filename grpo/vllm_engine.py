@@ -46,21 +46,14 @@ def engine_start_guard():
             sys.modules[_LLVMLITE_FFI] = llvmlite_ffi
 
 
-def is_vlm_checkpoint(model_dir: str | Path) -> bool:
-    """True for vision-language checkpoints (GLM-OCR), judged by `model_type` as `load_checkpoint` does."""
-    from grpo.checkpoint import VLM_MODEL_TYPES
-
-    return json.loads((Path(model_dir) / "config.json").read_text()).get("model_type") in VLM_MODEL_TYPES
-
-
 def set_engine_env() -> bool:
     """Set the engine's environment defaults (user settings win) before vLLM starts; True on GPU.
 
     Call it before anything else creates a vLLM engine (e.g. TRL's colocated one).
     """
-    import torch
+    from grpo.hardware import on_cpu
 
-    on_gpu = torch.cuda.is_available()
+    on_gpu = not on_cpu()
     for key, value in {**_ENGINE_ENV, **({} if on_gpu else _CPU_ENV)}.items():
         os.environ.setdefault(key, value)
     if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
@@ -80,6 +73,8 @@ def make_llm(model_dir: str | Path, *, seed: int = 0, max_model_len: int | None 
     """
     on_gpu = set_engine_env()
     from vllm import LLM
+
+    from grpo.checkpoint import is_vlm_checkpoint
 
     vlm = is_vlm_checkpoint(model_dir)
     kwargs = dict(model=str(model_dir), seed=seed, max_model_len=max_model_len, dtype=dtype,

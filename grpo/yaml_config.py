@@ -1,35 +1,79 @@
-"""Reading a YAML recipe into the fields of a config dataclass: the one YAML reader of the package.
+"""Config dataclasses from YAML recipes and the command line, typed by their fields: the one config reader.
 
-Used by the GRPO config (`grpo.training.config`) and the joint-training config (`grpo.joint.train`).
+`Fields(*dataclasses)` reads the types, choices and flags of the fields through transformers'
+`HfArgumentParser` (as TRL's `TrlParser` does), and applies them to every value, wherever it comes from:
+a recipe (`read_recipe`, which follows `extends:`), a generated flag (`--learning-rate 1e-4`) or
+`--set KEY=VALUE`. A value that does not fit its field, an unknown key (with the closest names) and an empty
+`--set` value raise `ConfigError` naming the source and the key. Renamed keys keep working: `aliases` maps an
+old name to the new one, with one deprecation line.
+
+Used by `gravity-grpo train` (`grpo.training.config`), `joint` (`grpo.joint.train`) and `mine`
+(`grpo.mining.miner`).
+
+Example:
+    >>> fields = Fields(JointConfig, aliases={"lr": "learning_rate"})            # doctest: +SKIP
+    >>> fields.values({"lr": "3e-6"}, "run.yaml")                                 # doctest: +SKIP
+    {'learning_rate': 3e-06}
 """
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import difflib
+import logging
+import typing
 from pathlib import Path
 from typing import Any
 
 from grpo.errors import UserError
+
+log = logging.getLogger(__name__)
+
+EXTENDS = "extends"  # recipe key: the recipe (path relative to this file) whose keys this one starts from
+
+
+class RenamedFlag(argparse.Action):
+    """A flag's old spelling: stores as the new one (`dest`) and prints one deprecation line.
+
+    Example: `parser.add_argument("--data", dest="pool", action=RenamedFlag, new="--pool")`.
+    """
+
+    def __init__(self, option_strings, dest, new: str, **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        log.warning("%s is deprecated; use %s (same meaning)", option_string, self.new)
+        setattr(namespace, self.dest, values)
 
 
 class ConfigError(UserError, ValueError):
     """A configuration that cannot run; the message names the file or field and the fix."""
 
 
-def read_yaml(path: str | Path, known: set[str]) -> dict[str, Any]:
-    """The mapping in a YAML config file; unknown keys raise `ConfigError` naming the file and key."""
+def read_recipe(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The mapping of a YAML recipe, on top of the recipe its `extends` names (followed recursively)."""
     import yaml
 
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
+    if path.resolve() in _chain:
+        raise ConfigError(f"{path}: 'extends' makes a loop ({' -> '.join(str(p) for p in (*_chain, path))})")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as err:  # issue 17: a non-UTF-8 file too
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as err:  # a non-UTF-8 file too
         raise ConfigError(f"{path}: not valid YAML ({_yaml_problem(err)})") from err
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from err
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of config keys, got {type(raw).__name__}")
-    check_keys(raw, str(path), known)
-    return raw
+    parent = raw.pop(EXTENDS, None)
+    if parent is None:
+        return raw
+    if not isinstance(parent, str) or not parent:
+        raise ConfigError(f"{path}: '{EXTENDS}' must name one recipe file, got {parent!r}")
+    return {**read_recipe(path.parent / parent, (*_chain, path.resolve())), **raw}
 
 
 def _yaml_problem(err) -> str:
@@ -41,10 +85,178 @@ def _yaml_problem(err) -> str:
     return f"line {mark.line + 1}, column {mark.column + 1}: {context}{problem}"
 
 
-def check_keys(values: dict[str, Any], source: str, known: set[str]) -> None:
-    """Raise `ConfigError` for keys that are not in `known`, with the closest valid names."""
-    for key in values:
-        if key not in known:
-            close = difflib.get_close_matches(str(key), known, n=3)
+def _annotated(dtype: type) -> dict[str, set[type]]:
+    """Per field of `dtype`, the plain types its annotation names (`dict | str | None` -> dict, str, NoneType),
+    None included when the default is None."""
+    hints = typing.get_type_hints(dtype)
+    out = {}
+    for f in dataclasses.fields(dtype):
+        kinds = typing.get_args(hints.get(f.name)) or (hints.get(f.name),)
+        out[f.name] = {typing.get_origin(k) or k for k in kinds} | ({type(None)} if f.default is None else set())
+    return out
+
+
+def _kind(action: argparse.Action) -> str:
+    """The expected type of a field, in words."""
+    if action.choices is not None:
+        return "one of " + ", ".join(str(c) for c in action.choices)
+    name = {int: "an integer", float: "a number", str: "a string", dict: "a mapping"}.get(action.type)
+    if name is None:
+        name = "true or false" if getattr(action.type, "__name__", "") == "string_to_bool" else "a value"
+    return f"a list of {name.removeprefix('a ').removeprefix('an ')}s" if action.nargs in ("+", "*") else name
+
+
+class Fields:
+    """Keys, types and flags of one or more config dataclasses (see the module docstring)."""
+
+    def __init__(self, *dataclass_types: type, aliases: dict[str, str] | None = None,
+                 exclude: frozenset[str] = frozenset()):
+        from transformers import HfArgumentParser
+
+        self.aliases = dict(aliases or {})
+        dropped = exclude | set(self.aliases)  # an alias may be a field name of a library dataclass
+        self.annotated = {k: v for t in dataclass_types for k, v in _annotated(t).items()}
+        parser = HfArgumentParser(dataclass_types)
+        self.flags = [a for a in parser._actions if a.dest != "help" and a.dest not in dropped]
+        self.actions = {a.dest: a for a in self.flags if a.type is not None}
+        self.owner = {f.name: t for t in dataclass_types for f in dataclasses.fields(t)
+                      if f.init and f.name not in dropped}
+
+    @property
+    def known(self) -> set[str]:
+        return set(self.actions) | set(self.aliases)
+
+    # --- values ---
+    def values(self, raw: dict[str, Any], source: str, problems: list[str] | None = None) -> dict[str, Any]:
+        """`raw` with aliases renamed and every value typed by its field. The first bad key raises
+        `ConfigError`, or, with `problems`, every bad key is listed there and left out."""
+        out = {}
+        for key, value in raw.items():
+            try:
+                name = self.canonical(key, source)
+                out[name] = self.typed(name, value, source)
+            except ConfigError as err:
+                if problems is None:
+                    raise
+                problems.append(str(err))
+        return out
+
+    def canonical(self, key: Any, source: str) -> str:
+        """The field a key names: itself, or the new name of an alias (with one deprecation line)."""
+        if key in self.aliases:
+            log.warning("%s: %r is deprecated; use %r (same meaning)", source, key, self.aliases[key])
+            return self.aliases[key]
+        if key not in self.actions:
+            close = difflib.get_close_matches(str(key), self.known, n=3)
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
             raise ConfigError(f"{source}: unknown config key {key!r}{hint}")
+        return key
+
+    def typed(self, key: str, value: Any, source: str) -> Any:
+        """`value` as the type of field `key` (a string is parsed: "3e-6" is a float)."""
+        action, annotated = self.actions[key], self.annotated.get(key, set())
+        if isinstance(value, (dict, list)) and type(value) in annotated and action.nargs not in ("+", "*"):
+            return value  # a mapping (or list) where the annotation allows one, e.g. generation_kwargs
+        if value is None:
+            if type(None) in annotated:
+                return None
+            raise ConfigError(f"{source}: {key} must be {_kind(action)}, got nothing (null)")
+        if action.nargs in ("+", "*"):
+            return [self._scalar(key, action, v, source) for v in (value if isinstance(value, list) else [value])]
+        return self._scalar(key, action, value, source)
+
+    @staticmethod
+    def _scalar(key: str, action: argparse.Action, value: Any, source: str) -> Any:
+        kind = action.type
+        bad = ConfigError(f"{source}: {key} must be {_kind(action)}, got {value!r}")
+        if isinstance(value, str):
+            try:
+                out = kind(value)
+            except (ValueError, TypeError, argparse.ArgumentTypeError):
+                raise bad from None
+        elif getattr(kind, "__name__", "") == "string_to_bool":
+            out = value if isinstance(value, bool) else None
+        elif kind is int:
+            out = value if isinstance(value, int) and not isinstance(value, bool) else None
+        elif kind is float:
+            out = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        elif kind is str:
+            out = str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        elif kind is dict:
+            out = value if isinstance(value, dict) else None
+        else:  # a choice function (Literal or Enum fields)
+            out = kind(value)
+        if out is None or (action.choices is not None and out not in action.choices):
+            raise bad
+        return out
+
+    # --- the command line ---
+    def add_flags(self, parser: argparse.ArgumentParser, shown: set[str] | None = None) -> None:
+        """A flag per field (`--name-with-dashes` and `--name`, as HfArgumentParser spells them) and per alias,
+        each storing its text under the field's (alias's) name only when given; help is printed for the fields in
+        `shown` (all when None), the others are accepted silently."""
+        for action in self.flags:
+            visible = shown is None or action.dest in shown
+            kwargs: dict[str, Any] = {"dest": action.dest, "default": argparse.SUPPRESS,
+                                      "help": (action.help or action.dest) if visible else argparse.SUPPRESS}
+            if action.nargs == 0:  # the `--no-NAME` complement of a boolean that defaults to True
+                kwargs.update(action="store_const", const=action.const)
+            else:
+                kwargs.update(nargs=action.nargs, const=action.const, metavar=action.dest.upper())
+            parser.add_argument(*sorted(action.option_strings, key=lambda o: "_" in o), **kwargs)
+        for old in self.aliases:
+            flags = [f"--{old}"] + ([f"--{old.replace('_', '-')}"] if "_" in old else [])
+            parser.add_argument(*flags, dest=old, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+                            help="set any config key (VALUE read as YAML, e.g. --set beta=0.001); repeatable")
+
+    def command_line(self, args: argparse.Namespace, problems: list[str] | None = None) -> dict[str, Any]:
+        """The keys set on the command line, typed: the generated flags, then every `--set KEY=VALUE`."""
+        import yaml
+
+        raw = {name: value for name, value in vars(args).items() if name in self.known}
+        out = self.values(raw, "command line", problems)
+        for assignment in getattr(args, "assignments", []):
+            key, sep, text = assignment.partition("=")
+            try:
+                if not sep or not key.strip():
+                    raise ConfigError(f"command line: expected KEY=VALUE after set, got {assignment!r}")
+                if not text.strip():
+                    raise ConfigError(f"command line: {key.strip()} has an empty value (KEY=VALUE)")
+                try:
+                    value = yaml.safe_load(text)
+                except yaml.YAMLError as err:
+                    raise ConfigError(f"command line: {key.strip()}: not a YAML value ({_yaml_problem(err)})") from err
+            except ConfigError as err:
+                if problems is None:
+                    raise
+                problems.append(str(err))
+                continue
+            out.update(self.values({key.strip(): value}, "command line", problems))
+        return out
+
+    def split(self, values: dict[str, Any]) -> dict[type, dict[str, Any]]:
+        """`values` grouped by the dataclass that owns each key."""
+        groups: dict[type, dict[str, Any]] = {t: {} for t in dict.fromkeys(self.owner.values())}
+        for key, value in values.items():
+            groups[self.owner[key]][key] = value
+        return groups
+
+    def load(self, path: str | Path | None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The recipe at `path` (optional), typed, with `overrides` (typed already, e.g. `command_line`) on top."""
+        values = self.values(read_recipe(path), str(path)) if path is not None else {}
+        values.update(overrides or {})
+        return values
+
+
+def build(dtype: type, values: dict[str, Any], source: str) -> Any:
+    """`dtype(**values)`; a `ValueError` of its checks (TRL's among them) becomes a `ConfigError` naming
+    `source`. The values are typed already, so a `TypeError` here is a bug and keeps its traceback."""
+    missing = [f.name for f in dataclasses.fields(dtype) if f.init and f.name not in values
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"{source}: {', '.join(missing)} must be set")
+    try:
+        return dtype(**values)
+    except ValueError as err:  # ConfigError (and other UserErrors that are ValueErrors) included
+        raise ConfigError(f"{source}: {err}", setting=getattr(err, "setting", None)) from err

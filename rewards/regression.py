@@ -19,7 +19,8 @@ from pathlib import Path
 from grpo.errors import UserError
 from grpo.jsonl import read_lines
 from rewards.result import RewardResult
-from rewards.scoring import TASKS, check_reference
+from rewards.scoring import check_reference, task_problem
+from rewards.settings import RewardSettings
 
 PAIR_FIELDS = ("pred", "ref", "task")
 BOUND_FIELDS = ("expect", "tol", "min", "max")
@@ -125,8 +126,9 @@ def _pair(number: int, row) -> Pair:
     unknown = _unknown_fields(row)
     if unknown:
         raise ValueError(unknown)
-    if row["task"] not in TASKS:
-        raise ValueError(f"unknown task {row['task']!r:.40} (valid: {', '.join(TASKS)})")
+    problem = task_problem(row["task"])
+    if problem:
+        raise ValueError(problem)
     try:
         check_reference(row["ref"])
     except ValueError as err:
@@ -157,14 +159,13 @@ def failures(pairs: list[Pair], results: list[RewardResult]) -> list[Failure]:
             for p, r in zip(pairs, results, strict=True) if p.bounds is not None and not p.bounds.holds(r.value)]
 
 
-def check_pairs(path: str | Path, gate: str = "relative", table_bonus: str = "clipped",
-                workers: int | None = 1) -> list[Failure]:
+def check_pairs(path: str | Path, settings: RewardSettings | None = None, workers: int | None = 1) -> list[Failure]:
     """Score every line of `path`; return the cases outside their bounds (empty: all pass)."""
     from rewards.trl_reward import score_many
 
     pairs = read_pairs(path)
-    results = score_many([p.pred for p in pairs], [p.ref for p in pairs], [p.task for p in pairs], gate=gate,
-                         table_bonus=table_bonus, workers=workers)
+    results = score_many([p.pred for p in pairs], [p.ref for p in pairs], [p.task for p in pairs], settings,
+                         workers=workers)
     return failures(pairs, results)
 
 

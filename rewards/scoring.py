@@ -2,28 +2,34 @@
 from __future__ import annotations
 
 from rewards.formula import score_formula
-from rewards.gate import check_gate
 from rewards.gate import gate as gate_factor
 from rewards.result import RewardResult
-from rewards.table import check_table_bonus, score_table
+from rewards.settings import MAX_PRED_CHARS, RewardSettings, settings_of
+from rewards.table import score_table
 from rewards.text import score_text
 
 # task -> scorer(pred, ref) -> (base reward in [0, 1], components); the only list of task names
 SCORERS = {"text": score_text, "table": score_table, "formula": score_formula}
 TASKS = tuple(SCORERS)
+__all__ = ["MAX_PRED_CHARS", "TASKS", "check_task", "score", "task_problem"]  # MAX_PRED_CHARS: rewards.settings
 
-# A prediction longer than this scores 0 without being parsed (flag `too_long`). The policy's completions
-# stop at 8,448 tokens (SPEC §7), a few characters each, so only a runaway output comes near it.
-MAX_PRED_CHARS = 65_536
 # A longer reference is refused (`check_reference`): the time of a score grows with the reference as well, and
 # the pool and pairs readers name the row or line of one beyond it before any scoring starts.
 MAX_REF_CHARS = 65_536
 
 
+def task_problem(task, name: str = "task") -> str | None:
+    """Why `task` (the value of field `name`) is not a task, or None: the one task check of the package."""
+    if task in SCORERS:
+        return None
+    return f"unknown {name} {task!r} (valid: {', '.join(TASKS)})"
+
+
 def check_task(task: str) -> None:
     """Raise a ValueError naming the valid tasks when `task` is not one of them."""
-    if task not in SCORERS:
-        raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}")
+    problem = task_problem(task)
+    if problem:
+        raise ValueError(problem)
 
 
 def check_reference(ref: str) -> None:
@@ -32,25 +38,28 @@ def check_reference(ref: str) -> None:
         raise ValueError(f"reference of {len(ref):,} characters is over the limit of {MAX_REF_CHARS:,}")
 
 
-def score(pred: str, ref: str, task: str, gate: str = "relative", table_bonus: str = "clipped") -> RewardResult:
+def score(pred: str, ref: str, task: str, settings: RewardSettings | None = None, **changes) -> RewardResult:
     """Reward of one prediction against its reference, in [0, 1], with its components.
 
-    A prediction identical to its reference always scores 1.0 (component `identical`), whatever the
-    task; otherwise `value = base * g`, g the degeneration gate (`rewards.gate`). `table_bonus` is the
-    reading of the table shape bonus (`rewards.table`); a table that is not identical to its reference
-    carries `saturated` (1.0 when it still scores 1.0, so its group advantage vanishes).
+    `settings` (`rewards.settings.RewardSettings`, default its defaults) with `changes` to its fields (e.g.
+    `gate="absolute"`) say how. A prediction identical to its reference always scores 1.0 (component
+    `identical`), whatever the task; otherwise `value = base * g`, g the degeneration gate (`rewards.gate`).
+    `table_bonus` is the reading of the table shape bonus (`rewards.table`); a table that is not identical to
+    its reference carries `saturated` (1.0 when it still scores 1.0, so its group advantage vanishes).
 
     >>> score("x^2", "x^{2}", "formula").value
     1.0
     """
     check_task(task)
-    check_gate(gate)
-    check_table_bonus(table_bonus)
+    settings = settings_of(settings, **changes)
     check_reference(ref)
-    if len(pred) > MAX_PRED_CHARS and pred != ref:
+    if len(pred) > settings.max_pred_chars and pred != ref:
         return RewardResult(0.0, {"too_long": 1.0}, task)
-    base, components = score_table(pred, ref, table_bonus) if task == "table" else SCORERS[task](pred, ref)
-    g = gate_factor(pred, ref, gate)
+    if task == "table":
+        base, components = score_table(pred, ref, settings.table_bonus)
+    else:
+        base, components = SCORERS[task](pred, ref)
+    g = gate_factor(pred, ref, settings.gate)
     components = {**components, "g": g}
     if pred == ref:
         return RewardResult(1.0, {**components, "identical": 1.0}, task)

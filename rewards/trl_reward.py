@@ -6,8 +6,9 @@ and scores the groups in a pool of spawned worker processes (spawned, not forked
 torch or vLLM threads is safe).
 
 Bounds, so that a pathological output gets a low score and never hangs the trainer:
-- `rewards.scoring.MAX_PRED_CHARS` and the tree bounds of `rewards.zhang_shasha` cap the work per completion;
-- each completion gets `timeout_s` seconds (SIGALRM in the scoring process); past it, it scores
+- `RewardSettings.max_pred_chars` (`rewards.settings`) and the tree bounds of `rewards.zhang_shasha` cap the
+  work per completion;
+- each completion gets `RewardSettings.timeout_s` seconds (SIGALRM in the scoring process); past it, it scores
   `TIMEOUT_SCORE` with the component `timeout`;
 - the parent waits at most `timeout_s * (rounds + 2) + POOL_START_S` for the whole batch; past that the
   pool is killed (and rebuilt on the next call) and the unfinished completions score `TIMEOUT_SCORE`.
@@ -25,14 +26,12 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
-from rewards.gate import check_gate
 from rewards.result import RewardResult
 from rewards.scoring import check_task, score
-from rewards.table import check_table_bonus
+from rewards.settings import RewardSettings, settings_of
 
 log = logging.getLogger(__name__)
 
-TIMEOUT_S = 10.0      # per completion; a 100x10 table scores in well under 0.1 s
 TIMEOUT_SCORE = 0.0   # the reward of a completion that ran out of time
 POOL_START_S = 60.0   # slack for spawning workers (imports, numba cache) in the batch deadline
 MIN_PARALLEL = 32     # smaller batches are scored in the calling process
@@ -76,18 +75,18 @@ def _timed_out(task: str) -> RewardResult:
     return RewardResult(TIMEOUT_SCORE, {"timeout": 1.0}, task)
 
 
-def _score_chunk(chunk: list[tuple[int, str, str, str]], gate: str, table_bonus: str, timeout_s: float):
+def _score_chunk(chunk: list[tuple[int, str, str, str]], settings: RewardSettings):
     """Score (key, pred, ref, task) items; returns [(key, RewardResult)]."""
     out = []
     for key, pred, ref, task in chunk:
-        alarm = _Alarm(timeout_s)
+        alarm = _Alarm(settings.timeout_s)
         try:
             with alarm:
-                result = score(pred, ref, task, gate, table_bonus)
+                result = score(pred, ref, task, settings)
         except _Timeout:
             pass
         if alarm.expired:
-            log.warning("reward of item %d (%s) ran past %.2f s; scored %.1f", key, task, timeout_s,
+            log.warning("reward of item %d (%s) ran past %.2f s; scored %.1f", key, task, settings.timeout_s,
                         TIMEOUT_SCORE)
             result = _timed_out(task)
         out.append((key, result))
@@ -146,17 +145,17 @@ def _validate(preds: Sequence, refs: Sequence, tasks: Sequence) -> None:
             raise ValueError(f"row {index}: {err}") from None
 
 
-def score_many(preds: Sequence[str], refs: Sequence[str], tasks: Sequence[str], gate: str = "relative",
-               workers: int | None = None, timeout_s: float = TIMEOUT_S,
-               on_progress: Callable[[int, int], None] | None = None,
-               table_bonus: str = "clipped") -> list[RewardResult]:
+def score_many(preds: Sequence[str], refs: Sequence[str], tasks: Sequence[str],
+               settings: RewardSettings | None = None, *, workers: int | None = None,
+               on_progress: Callable[[int, int], None] | None = None, **changes) -> list[RewardResult]:
     """`score` over a batch: deduplicated, grouped by reference, in worker processes when it pays.
 
-    `on_progress(done, total)` is called as groups finish (counts of distinct items).
+    `settings` with `changes` to its fields as in `score`; `on_progress(done, total)` is called as groups
+    finish (counts of distinct items).
     """
     _validate(preds, refs, tasks)
-    check_gate(gate)
-    check_table_bonus(table_bonus)
+    settings = settings_of(settings, **changes)
+    timeout_s = settings.timeout_s
     keys: dict[tuple[str, str, str], int] = {}
     index_keys = [keys.setdefault((pred, ref, task), len(keys)) for pred, ref, task in zip(preds, refs, tasks)]
     items = [(key, pred, ref, task) for (pred, ref, task), key in keys.items()]
@@ -170,12 +169,12 @@ def score_many(preds: Sequence[str], refs: Sequence[str], tasks: Sequence[str], 
 
     if workers == 1 or len(items) < MIN_PARALLEL:
         for chunk in _chunks(items, size=len(items) or 1):
-            collect(_score_chunk(chunk, gate, table_bonus, timeout_s))
+            collect(_score_chunk(chunk, settings))
     else:
         chunks = _chunks(items, size=math.ceil(len(items) / (4 * workers)))
         deadline = time.monotonic() + timeout_s * (math.ceil(len(items) / workers) + 2) + POOL_START_S
         finished = _pool(workers).imap_unordered(_score_chunk_args,
-                                                 [(c, gate, table_bonus, timeout_s) for c in chunks])
+                                                 [(c, settings) for c in chunks])
         try:
             for _ in chunks:
                 collect(finished.next(timeout=max(0.0, deadline - time.monotonic())))
@@ -226,17 +225,13 @@ class OcrReward:
     [1.0]
     """
 
-    def __init__(self, gate: str = "relative", workers: int | None = None, timeout_s: float = TIMEOUT_S,
-                 table_bonus: str = "clipped"):
-        check_gate(gate)
-        check_table_bonus(table_bonus)
-        self.gate, self.workers, self.timeout_s, self.table_bonus = gate, workers, timeout_s, table_bonus
+    def __init__(self, settings: RewardSettings | None = None, *, workers: int | None = None, **changes):
+        self.settings, self.workers = settings_of(settings, **changes), workers
         self.__name__ = "ocr_reward"
 
     def __call__(self, prompts, completions, target, task_type, log_metric=None, **kwargs) -> list[float]:
         texts = [completion_text(c) for c in completions]
-        results = score_many(texts, target, task_type, self.gate, self.workers, self.timeout_s,
-                             table_bonus=self.table_bonus)
+        results = score_many(texts, target, task_type, self.settings, workers=self.workers)
         if log_metric is not None:
             log_means(results, log_metric)
         return [result.value for result in results]

@@ -4,7 +4,8 @@ import json
 import pytest
 import torch
 
-from grpo.vllm_engine import is_vlm_checkpoint, make_llm, sync_weights
+from grpo.checkpoint import is_vlm_checkpoint
+from grpo.vllm_engine import make_llm, sync_weights
 from rewards import teds
 
 pytestmark = pytest.mark.slow

@@ -36,7 +36,7 @@ def test_recipe_has_the_paper_values(tmp_path):
     assert cfg.vllm_importance_sampling_correction is True
     assert cfg.vllm_importance_sampling_mode == "token_truncate"
     assert cfg.use_vllm is True and cfg.vllm_mode == "colocate"
-    assert cfg.use_peft is False  # full fine-tuning
+    assert cfg.model_args.use_peft is False  # full fine-tuning
 
 
 def test_tiny_config_loads_and_differs_only_in_size(tmp_path):
@@ -58,7 +58,7 @@ def test_command_line_overrides_yaml(tmp_path):
     args = parser.parse_args(["--config", str(TINY), "--max-steps", "7", "--model", "some/ckpt",
                               "--output-dir", str(tmp_path), "--set", "beta=0.01", "--set", "use_peft=true"])
     cfg = load_config(args.config, train.overrides(args))
-    assert (cfg.max_steps, cfg.model, cfg.output_dir, cfg.beta, cfg.use_peft) == (7, "some/ckpt", str(tmp_path),
+    assert (cfg.max_steps, cfg.model, cfg.output_dir, cfg.beta, cfg.model_args.use_peft) == (7, "some/ckpt", str(tmp_path),
                                                                                    0.01, True)
     assert cfg.tpf_every == read_yaml(TINY)["tpf_every"]  # untouched keys keep the file's value
     assert args.resume is None

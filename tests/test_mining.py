@@ -67,7 +67,7 @@ def test_bad_settings_are_refused(tmp_path):
         with pytest.raises(MiningError, match="shard"):
             parse_shard(text)
     with pytest.raises(ValueError, match="at least 2 rollouts"):
-        MineConfig(model="m", data="d", out="o", k=1)
+        MineConfig(model="m", pool="d", output_dir="o", num_generations=1)
     with pytest.raises(MiningError, match="no mining/done.json"):
         merge([str(tmp_path)], str(tmp_path / "merged"))
 
@@ -106,8 +106,9 @@ def _pool(tmp_path, n):
 
 
 def _cfg(ckpt, data, out, **kw):
-    return MineConfig(model=str(ckpt), data=data, out=str(out),
-                      **{"k": 4, "max_tokens": 24, "dtype": "float32", "progress": False, **kw})
+    return MineConfig(model=str(ckpt), pool=data, output_dir=str(out),
+                      **{"num_generations": 4, "max_completion_length": 24, "dtype": "float32", "progress": False,
+                         **kw})
 
 
 def _records(out):
@@ -139,10 +140,10 @@ def test_mining_writes_statistics(tmp_path, ckpt, llm):
     for name in ("report.json", "reward_mean.png", "reward_std.png"):
         assert (tmp_path / "out" / "report" / name).stat().st_size > 0
 
-    with pytest.raises(MiningError, match="k: 4 then, 5 now"):
-        mine(_cfg(ckpt, data, tmp_path / "out", k=5), llm)
+    with pytest.raises(MiningError, match="num_generations: 4 then, 5 now"):
+        mine(_cfg(ckpt, data, tmp_path / "out", num_generations=5), llm)
 
-    again = mine(_cfg(ckpt, str(tmp_path / "out"), tmp_path / "again", k=2), llm)  # a mined pool mined again
+    again = mine(_cfg(ckpt, str(tmp_path / "out"), tmp_path / "again", num_generations=2), llm)  # mined again
     assert again["counts"]["all"]["mined"] == len(out)
     assert load_from_disk(str(tmp_path / "again")).column_names == out.column_names
 
@@ -169,7 +170,7 @@ def test_shards_merge_to_the_unsharded_result(tmp_path, ckpt, llm):
     mine(_cfg(ckpt, data, tmp_path / "whole", **kw), llm)
     shards = [str(tmp_path / f"s{i}") for i in range(2)]
     for i, out in enumerate(shards):
-        mine(_cfg(ckpt, data, out, shard=(i, 2), **kw), llm)
+        mine(_cfg(ckpt, data, out, shard=f"{i}/2", **kw), llm)
     assert set(_records(shards[0])).isdisjoint(_records(shards[1]))
     with pytest.raises(MiningError, match="shards 0..1 of 2"):
         merge(shards[:1], str(tmp_path / "bad"))
@@ -202,7 +203,7 @@ def test_kill_and_resume_loses_and_repeats_nothing(tmp_path, ckpt, llm):
     from datasets import load_from_disk
 
     data = _pool(tmp_path, 24)
-    kw = {"chunk_size": 1, "max_tokens": 32}
+    kw = {"chunk_size": 1, "max_completion_length": 32}
     killed = tmp_path / "killed"
     cmd = [sys.executable, "-c", KILLED_CHILD, "mine", "--model", str(ckpt), "--data", data, "--out", str(killed),
            "--k", "4", "--max-tokens", "32", "--chunk-size", "1", "--dtype", "float32", "--no-progress"]

@@ -16,6 +16,7 @@ CHECK_FAILED_EXIT = 1  # --check: some case is outside its bounds (2 stays a use
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from rewards import TASKS
     from rewards.gate import GATES
+    from rewards.settings import DEFAULT
     from rewards.table import TABLE_BONUS
 
     parser.add_argument("--task", choices=TASKS, help="reward to apply (with --pred/--ref)")
@@ -28,12 +29,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "may add expect (with tol), min and max bounds on its reward, for --check")
     parser.add_argument("--check", action="store_true",
                         help="with --pairs: list the lines whose reward is outside their bounds; exit 1 if any")
-    parser.add_argument("--gate", choices=GATES, default="relative", help="degeneration gate (default relative)")
-    parser.add_argument("--table-bonus", choices=TABLE_BONUS, default="clipped",
-                        help="reading of the table shape bonus (default clipped; SPEC §4)")
+    parser.add_argument("--gate", choices=GATES, default=DEFAULT.gate,
+                        help=f"degeneration gate (default {DEFAULT.gate})")
+    parser.add_argument("--table-bonus", choices=TABLE_BONUS, default=DEFAULT.table_bonus,
+                        help=f"reading of the table shape bonus (default {DEFAULT.table_bonus}; SPEC §4)")
     parser.add_argument("--explain", action="store_true", help="also print the reward's components")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--workers", type=_positive, default=None, help="worker processes for --pairs (default: CPUs)")
+
+
+def reward_settings(args: argparse.Namespace):
+    """The `RewardSettings` of the command line."""
+    from rewards.settings import RewardSettings
+
+    return RewardSettings(gate=args.gate, table_bonus=args.table_bonus)
 
 
 def _positive(text: str) -> int:
@@ -152,7 +161,7 @@ def _run_pairs(args) -> int:
     with Progress(console=console, transient=True, disable=args.json) as progress:
         bar = progress.add_task("scoring", total=None)
         results = score_many([p.pred for p in pairs], [p.ref for p in pairs], [p.task for p in pairs],
-                             gate=args.gate, table_bonus=args.table_bonus, workers=args.workers,
+                             reward_settings(args), workers=args.workers,
                              on_progress=lambda done, total: progress.update(bar, completed=done, total=total))
     failed = failures(pairs, results) if args.check else []
     if args.json:
@@ -187,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
                         "or --pairs FILE, which --check needs")
     pred, ref = _single_input(args, "pred", "prediction"), _single_input(args, "ref", "reference")
     # through the batch scorer, so one score has the time limit of --pairs and training
-    (result,) = score_many([pred], [ref], [args.task], gate=args.gate, table_bonus=args.table_bonus, workers=1)
+    (result,) = score_many([pred], [ref], [args.task], reward_settings(args), workers=1)
     if args.json:
         print(json.dumps(result.as_dict()))
     elif args.explain:

@@ -10,8 +10,12 @@ HELP = "measure the drafter's tokens per forward (self-speculative or direct dif
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny", help="checkpoint folder, or 'tiny' (default)")
-    parser.add_argument("--data", required=True, help="prompt pool: save_to_disk folder, .parquet, .jsonl or a "
-                                                      "built-in name (e.g. tiny-probe)")
+    from grpo.yaml_config import RenamedFlag
+
+    pool = parser.add_mutually_exclusive_group(required=True)
+    pool.add_argument("--pool", help="prompt pool: save_to_disk folder, .parquet, .jsonl or a built-in name "
+                                     "(e.g. tiny-probe)")
+    pool.add_argument("--data", dest="pool", action=RenamedFlag, new="--pool", help=argparse.SUPPRESS)
     parser.add_argument("--limit", type=int, default=None, help="use the first N rows")
     parser.add_argument("--skip-bad", action="store_true", help="leave malformed pool rows out (listed) "
                                                                  "instead of stopping")
@@ -58,18 +62,19 @@ def run(args: argparse.Namespace) -> int:
     from grpo.console import console
     from grpo.decoding.tpf import measure_tpf
     from grpo.errors import UserError
+    from grpo.hardware import on_cpu
 
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit must be >= 1, got {args.limit}")
     ckpt = load_checkpoint(args.model, need_drafter=True, dtype=getattr(torch, args.dtype))
-    pool = load_pool(args.data, skip_bad=args.skip_bad)
-    ckpt.model.to(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    pool = load_pool(args.pool, skip_bad=args.skip_bad)
+    ckpt.model.to(args.device or ("cpu" if on_cpu() else "cuda"))
     if args.limit is not None:
         pool = pool.select(range(min(args.limit, len(pool))))
     stats = measure_tpf(ckpt.model, ckpt.processor, pool, ckpt.bd, is_vlm=ckpt.is_vlm, bd_size=args.bd_size,
                         max_new_tokens=args.max_new_tokens, compare_ar=args.compare_ar, mode=args.mode,
                         tau=args.tau, score=args.score)
-    stats.update(model=str(ckpt.path), data=args.data)
+    stats.update(model=str(ckpt.path), pool=args.pool)
     console.print(_table(stats))
     if stats["truncated"]:
         console.print(f"{stats['truncated']} output(s) reached --max-new-tokens {args.max_new_tokens}", markup=False)

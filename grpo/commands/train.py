@@ -5,25 +5,26 @@ import argparse
 
 HELP = "GRPO from a joint checkpoint: colocated vLLM rollouts, OCR rewards, periodic TPF probe"
 
-# flag -> config key; every other key is reachable with --set KEY=VALUE
-FLAGS = {
-    "--model": ("model", str, "joint checkpoint folder, or 'tiny'"),
-    "--pool": ("pool", str, "GRPO prompt pool (folder, .parquet, .jsonl or a built-in name)"),
-    "--probe-set": ("probe_set", str, "TPF probe prompts (same formats as --pool)"),
-    "--output-dir": ("output_dir", str, "run folder: checkpoints, metrics, plots"),
-    "--max-steps": ("max_steps", int, "optimizer steps"),
-    "--tpf-every": ("tpf_every", int, "TPF probe every N steps (0: off)"),
-    "--learning-rate": ("learning_rate", float, "peak learning rate"),
-    "--seed": ("seed", int, "random seed"),
-}
+
+
+def _fields():
+    from grpo.training.config import fields
+
+    return fields()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="YAML of config keys: TRL GRPOConfig fields plus ours (grpo/training/config.py)")
-    for flag, (key, kind, text) in FLAGS.items():
-        parser.add_argument(flag, dest=key, type=kind, help=f"{text} (config key {key})")
-    parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
-                        help="set any config key (VALUE read as YAML, e.g. --set beta=0.001); repeatable")
+    import dataclasses
+
+    from grpo.training.config import SHOWN_TRL_FIELDS, GravityModelConfig, GravityGRPOConfig
+    from trl import GRPOConfig
+
+    parser.add_argument("--config", help="YAML recipe of config keys: TRL GRPOConfig fields, ours and TRL "
+                                         "ModelConfig's LoRA/quantization fields (grpo/training/config.py); "
+                                         "'extends: other.yaml' starts from another recipe")
+    trl_only = {f.name for f in dataclasses.fields(GRPOConfig)}
+    ours = {f.name for t in (GravityGRPOConfig, GravityModelConfig) for f in dataclasses.fields(t)} - trl_only
+    _fields().add_flags(parser, shown=ours | SHOWN_TRL_FIELDS)
     parser.add_argument("--dry-run", action="store_true",
                         help="check config, pool, checkpoint, engine, launcher and hardware, then stop (exit 2 "
                              "listing every problem)")
@@ -38,18 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def overrides(args: argparse.Namespace) -> dict:
-    """Config keys set on the command line: the named flags, then every --set KEY=VALUE."""
-    import yaml
-
-    from grpo.errors import UserError
-
-    values = {key: getattr(args, key) for key, _, _ in FLAGS.values() if getattr(args, key, None) is not None}
-    for assignment in args.assignments:
-        key, sep, text = assignment.partition("=")
-        if not sep or not key:
-            raise UserError(f"--set expects KEY=VALUE, got {assignment!r}")
-        values[key.strip()] = yaml.safe_load(text)
-    return values
+    """Config keys set on the command line, typed by their fields: the flags, then every --set KEY=VALUE."""
+    return _fields().command_line(args)
 
 
 def held_out_table(change: dict):
@@ -110,7 +101,10 @@ def print_preflight(report) -> None:
 def dry_run(args: argparse.Namespace) -> int:
     from grpo.console import console
     from grpo.training.preflight import preflight
+    from grpo.yaml_config import ConfigError
 
+    if args.num_processes is not None and args.num_processes < 1:
+        raise ConfigError(f"num_processes must be >= 1, got {args.num_processes}", setting="num_processes")
     report = preflight(args.config, overrides(args), num_processes=args.num_processes,
                        accelerate_config=args.accelerate_config)
     print_preflight(report)

@@ -20,6 +20,7 @@ from grpo.checkpoint import BlockDiffusionConfig, CheckpointError, tokenizer_of
 from grpo.decoding.kv_session import stop_token_ids
 from grpo.decoding.diffusion import diffusion_generate
 from grpo.prompting import encode_prompt
+from rewards.settings import HELD_OUT, RewardSettings
 from grpo.decoding.selfspec import SelfSpecDecoder, ar_generate
 
 MODES = ("selfspec", "diffusion")
@@ -69,14 +70,15 @@ def _grouped(records: list[dict], key: str, order: Iterable[str] = ()) -> dict:
 def decode_rows(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], bd: BlockDiffusionConfig | None, *,
                 indices: Iterable[int] | None = None, is_vlm: bool = False, bd_size: int | None = None,
                 max_new_tokens: int = 512, compare_ar: bool = False, mode: str = "selfspec", tau: float = 0.9,
-                score: bool = False, progress: bool = True) -> list[dict]:
+                score: bool = False, reward_settings: RewardSettings = HELD_OUT, progress: bool = True) -> list[dict]:
     """Decode every row greedily with the drafter (`mode` "selfspec" or "diffusion" with threshold `tau`).
 
     Returns one record per row: `index` (from `indices`, default 0, 1, ...), `task`, `prompt_ids` (text-only
     policies; None for images), `output_ids`, `tokens`, `forwards`, `rounds`, `accepted` (drafts committed
     in each verified round, SPEC §5), `truncated` (stopped by `max_new_tokens`), `ar_equal` (None without
     `compare_ar`), `reward` and `exact` (None without `score`: the GRPO reward of the output against the
-    row's `target`; in selfspec mode that is AR greedy's reward), `length_bin`, `wall_s`.
+    row's `target`, read with `reward_settings`, default `rewards.settings.HELD_OUT`; in selfspec mode that is
+    AR greedy's reward), `length_bin`, `wall_s`.
     The model's train/eval mode is restored afterwards.
     """
     if mode not in MODES:
@@ -108,7 +110,7 @@ def decode_rows(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
             reward = exact = None
             if score:
                 text = tokenizer.decode(result.tokens, skip_special_tokens=True)
-                reward = rewards.score(text, row["target"], row["task_type"]).value
+                reward = rewards.score(text, row["target"], row["task_type"], reward_settings).value
                 exact = text == row["target"]
             records.append({
                 "index": index, "task": row.get("task_type", "unknown"),

@@ -8,11 +8,11 @@ which lets a model trained from scratch learn to copy before the drafter objecti
 
 Example:
     >>> cfg = load_config("configs/joint_tiny.yaml")
-    >>> train_joint(cfg)  # writes cfg.out_dir (weights, tokenizer, block_diffusion.json)
+    >>> train_joint(cfg)  # writes cfg.output_dir (weights, tokenizer, block_diffusion.json)
 """
 from __future__ import annotations
 
-import dataclasses
+import functools
 import logging
 import math
 import random
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from grpo.joint.streams import build_example, collate, combine, joint_losses
-from grpo.yaml_config import ConfigError
+from grpo.yaml_config import ConfigError, Fields, build
 
 logger = logging.getLogger(__name__)
 
@@ -31,23 +31,24 @@ logger = logging.getLogger(__name__)
 class JointConfig:
     """Settings of `gravity-grpo joint`; YAML keys are these field names."""
 
-    out_dir: str = field(default="data/tiny/model", metadata={"help": "where the final checkpoint goes"})
-    init: str | None = field(default=None, metadata={
+    output_dir: str = field(default="data/tiny/model", metadata={"help": "where the final checkpoint goes"})
+    model: str | None = field(default=None, metadata={
         "help": "plain AR (or joint) checkpoint folder to start from; None builds the tiny model from scratch"})
-    data: str = field(default="tiny-train", metadata={"help": "training rows: a built-in split or a pool path"})
+    pool: str = field(default="tiny-train", metadata={"help": "training rows: a built-in split or a pool path"})
     bd_size: int = field(default=16, metadata={"help": "block size B (drafting window)"})
     ar_loss_weight: float = field(default=1.0, metadata={"help": "w in (L_diff + w L_AR) / (1 + w)"})
     ar_steps: int = field(default=0, metadata={"help": "AR-only warm-up steps before the joint stage"})
     joint_steps: int = field(default=1000, metadata={"help": "joint AR + diffusion steps"})
     batch_size: int = field(default=16, metadata={"help": "examples per step"})
-    lr: float = field(default=1e-3, metadata={"help": "peak AdamW learning rate (each stage: warm-up, cosine)"})
+    learning_rate: float = field(default=1e-3, metadata={
+        "help": "peak AdamW learning rate (each stage: warm-up, cosine)"})
     min_lr_ratio: float = field(default=0.1, metadata={"help": "final learning rate / peak"})
     warmup_steps: int = field(default=50, metadata={"help": "linear warm-up steps of each stage"})
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
     grad_clip: float = field(default=1.0, metadata={"help": "gradient-norm clip"})
     max_target_tokens: int = field(default=128, metadata={"help": "longer training targets are skipped"})
     seed: int = field(default=0, metadata={"help": "seed of sampling, masking and initialisation"})
-    threads: int = field(default=2, metadata={"help": "torch CPU threads"})
+    cpu_threads: int = field(default=2, metadata={"help": "torch CPU threads"})
     stop_at_step: int = field(default=0, metadata={
         "help": "end the run after this many steps in all (0: both stages to the end); the learning-rate "
                 "schedules still assume the full stage lengths, so this is an intermediate checkpoint of the full run"})
@@ -63,27 +64,35 @@ class JointConfig:
     max_position_embeddings: int = 2048
 
     def __post_init__(self) -> None:
-        if self.bd_size < 1:
-            raise ConfigError(f"bd_size must be >= 1, got {self.bd_size}")
+        for name in ("bd_size", "batch_size", "cpu_threads"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.ar_loss_weight < 0:
             raise ConfigError(f"ar_loss_weight must be >= 0, got {self.ar_loss_weight}")
         if self.ar_steps < 0 or self.joint_steps < 0 or self.ar_steps + self.joint_steps == 0:
             raise ConfigError("ar_steps and joint_steps must be >= 0 and not both 0")
         if self.stop_at_step < 0 or self.stop_at_step > self.ar_steps + self.joint_steps:
             raise ConfigError(f"stop_at_step must be in [0, ar_steps + joint_steps], got {self.stop_at_step}")
-        if self.head_dim * self.num_heads != self.hidden_size and self.init is None:
+        if self.head_dim * self.num_heads != self.hidden_size and self.model is None:
             logger.info("head_dim * num_heads (%d) differs from hidden_size (%d)",
                         self.head_dim * self.num_heads, self.hidden_size)
 
 
-def load_config(path: str | Path | None = None, **overrides) -> JointConfig:
-    """`path`'s keys (read by `grpo.yaml_config`), then `overrides` (non-None values), into a JointConfig."""
-    from grpo.yaml_config import read_yaml
+# Old key -> new key: the names `train` uses for the same things (one deprecation line each).
+ALIASES = {"out_dir": "output_dir", "out": "output_dir", "init": "model", "data": "pool", "lr": "learning_rate",
+           "threads": "cpu_threads"}
 
-    known = {f.name for f in dataclasses.fields(JointConfig)}
-    values = read_yaml(path, known) if path is not None else {}
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    return JointConfig(**values)
+
+@functools.cache
+def fields() -> Fields:
+    """The keys of `JointConfig` (and their old names), typed by transformers' HfArgumentParser."""
+    return Fields(JointConfig, aliases=ALIASES)
+
+
+def load_config(path: str | Path | None = None, **overrides) -> JointConfig:
+    """`path`'s keys (a recipe, `extends` followed), then `overrides` (non-None values), into a JointConfig."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return build(JointConfig, fields().load(path, fields().values(given, "command line")), str(path or "config"))
 
 
 # ----------------------------------------------------------------------------------------------- model
@@ -114,14 +123,14 @@ def build_tiny_model(cfg: JointConfig, tokenizer):
 
 
 def load_start(cfg: JointConfig):
-    """(model, tokenizer, mask_id): from `cfg.init` (adds `<|mask|>` if absent) or the tiny model from scratch."""
+    """(model, tokenizer, mask_id): from `cfg.model` (adds `<|mask|>` if absent) or the tiny model from scratch."""
     from grpo.checkpoint import add_mask_token
 
-    if cfg.init:
+    if cfg.model:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(cfg.init)
-        model = AutoModelForCausalLM.from_pretrained(cfg.init, dtype=torch.float32, attn_implementation="sdpa")
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+        model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32, attn_implementation="sdpa")
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
     else:
@@ -167,13 +176,13 @@ def save(model, tokenizer, out_dir: str | Path, cfg: JointConfig) -> Path:
 
 
 def train_joint(cfg: JointConfig, progress: bool = True) -> Path:
-    """Run the AR warm-up (if any) then the joint stage; save the final checkpoint to `cfg.out_dir`."""
+    """Run the AR warm-up (if any) then the joint stage; save the final checkpoint to `cfg.output_dir`."""
     from tqdm.auto import tqdm
 
-    torch.set_num_threads(cfg.threads)
+    torch.set_num_threads(cfg.cpu_threads)
     model, tokenizer, mask_id = load_start(cfg)
     model.config._attn_implementation = "sdpa"
-    pairs = tokenize_rows(_training_rows(cfg.data), tokenizer, cfg.max_target_tokens)
+    pairs = tokenize_rows(_training_rows(cfg.pool), tokenizer, cfg.max_target_tokens)
     n_params = sum(p.numel() for p in model.parameters())
     logger.info("joint training: %d params, %d rows, B=%d, mask id %d", n_params, len(pairs), cfg.bd_size, mask_id)
     rng = random.Random(cfg.seed)
@@ -185,11 +194,11 @@ def train_joint(cfg: JointConfig, progress: bool = True) -> Path:
     for stage, steps in stages:
         if steps == 0 or done >= stop:
             continue
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
         bar = tqdm(range(steps), desc=stage, disable=not progress, mininterval=5)
         for step in bar:
             for group in opt.param_groups:
-                group["lr"] = cfg.lr * _lr_factor(step, steps, cfg.warmup_steps, cfg.min_lr_ratio)
+                group["lr"] = cfg.learning_rate * _lr_factor(step, steps, cfg.warmup_steps, cfg.min_lr_ratio)
             examples = [build_example(*rng.choice(pairs), bd_size=cfg.bd_size, mask_id=mask_id,
                                       eos_id=tokenizer.eos_token_id, gen=gen, ar_only=stage == "ar")
                         for _ in range(cfg.batch_size)]
@@ -212,4 +221,4 @@ def train_joint(cfg: JointConfig, progress: bool = True) -> Path:
                 save(model, tokenizer, Path(cfg.checkpoint_dir) / f"step-{done}", cfg)
                 model.train()
     model.eval()
-    return save(model, tokenizer, cfg.out_dir, cfg)
+    return save(model, tokenizer, cfg.output_dir, cfg)

@@ -10,62 +10,125 @@ Output folder OUT: the kept rows (original columns + statistics, best first, rea
 `done.json` (`grpo.mining.store`); `OUT/report/` the report (`grpo.mining.report`).
 
 Example:
-    >>> mine(MineConfig(model="tiny", data="tiny", out="mined", k=8, keep=64))   # doctest: +SKIP
+    >>> mine(MineConfig(model="tiny", pool="tiny", output_dir="mined", num_generations=8, keep=64))   # doctest: +SKIP
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from grpo.mining.report import write_report
 from grpo.mining.sampling import HfSampler, VllmSampler
-from grpo.mining.selection import INDEX, STAT_COLUMNS, RankRule, prompt_stats, select
+from grpo.mining.selection import INDEX, PREFER, STAT_COLUMNS, RankRule, prompt_stats, select
 from grpo.mining.store import (MiningError, MiningStore, atomic_write, check_manifest, check_output, is_empty_folder,
                                pool_fingerprint, set_aside, temporary)
+from grpo.yaml_config import Fields
+from rewards.gate import GATES
+from rewards.settings import DEFAULT as REWARD_DEFAULT
+from rewards.settings import RewardSettings
+from rewards.table import TABLE_BONUS
 
 log = logging.getLogger(__name__)
 
-SAMPLING_FIELDS = ("model", "data", "skip_bad", "k", "temperature", "max_tokens", "seed", "shard", "hf_generate",
-                   "dtype")
+SAMPLING_FIELDS = ("model", "pool", "skip_bad", "num_generations", "temperature", "max_completion_length", "seed",
+                   "shard", "hf_generate", "dtype", "gate", "table_bonus")
+PREFER_NAMES = tuple(PREFER)
+# Old key -> new key: the names `train` uses for the same things (one deprecation line each).
+ALIASES = {"data": "pool", "out": "output_dir", "k": "num_generations", "max_tokens": "max_completion_length",
+           "max_model_len": "vllm_max_model_length", "gpu_memory_utilization": "vllm_gpu_memory_utilization"}
+
+
+def _help(text: str) -> dict:
+    return {"help": text}
 
 
 @dataclass
 class MineConfig:
-    model: str                      # checkpoint folder or "tiny"
-    data: str                       # pool spec (see data.pool.load_pool)
-    out: str                        # output folder
-    k: int = 8                      # rollouts per prompt
-    temperature: float = 1.0        # no nucleus / top-k truncation, as in GRPO
-    max_tokens: int = 8448          # completion cap (the GRPO recipe's max completion length)
-    min_std: float = 0.0            # drop prompts whose reward std is <= this (and all with equal rewards)
-    rank: RankRule = field(default_factory=RankRule)
-    keep: int | None = None         # keep the top N after dropping (None: all)
-    shard: tuple[int, int] = (0, 1)  # (I, N): mine rows whose position % N == I
-    seed: int = 0
-    chunk_size: int = 32            # prompts per part file (per engine call)
-    skip_bad: bool = False          # leave malformed pool rows out instead of stopping
-    hf_generate: bool = False       # sample with HF generate instead of vLLM (fallback)
-    max_model_len: int | None = None
-    gpu_memory_utilization: float = 0.9
-    dtype: str = "auto"             # vLLM engine dtype ("auto" runs a float32 checkpoint in 16 bits)
-    progress: bool = True
+    """Settings of `gravity-grpo mine`; recipe keys and flags are these field names (old names: `ALIASES`)."""
+
+    pool: str = field(metadata=_help("prompt pool: save_to_disk folder, .parquet, .jsonl or a built-in name"))
+    output_dir: str = field(metadata=_help("output folder (a datasets folder + mining/ + report/); rerun with "
+                                           "the same settings to resume"))
+    model: str = field(default="tiny", metadata=_help("checkpoint folder, or 'tiny'"))
+    num_generations: int = field(default=8, metadata=_help("rollouts per prompt (k)"))
+    temperature: float = field(default=1.0, metadata=_help("sampling temperature; no nucleus / top-k "
+                                                           "truncation, as in GRPO"))
+    max_completion_length: int = field(default=8448, metadata=_help(
+        "completion cap in tokens (the GRPO recipe's max_completion_length)"))
+    min_std: float = field(default=0.0, metadata=_help(
+        "drop prompts whose reward std is <= this (equal rewards are always dropped)"))
+    prefer: Literal[PREFER_NAMES] = field(default="long-tables", metadata=_help(
+        "ranking preset; the rule is in grpo/mining/selection.py"))
+    hard_weight: float | None = field(default=None, metadata=_help("override the preset's weight of 1 - mean"))
+    length_weight: float | None = field(default=None, metadata=_help(
+        "override the preset's weight of min(ref_chars / length_scale, 1)"))
+    length_scale: float | None = field(default=None, metadata=_help("override the preset's length scale "
+                                                                    "(characters)"))
+    rank_table_bonus: float | None = field(default=None, metadata=_help(
+        "override the preset's ranking bonus of a table prompt"))
+    keep: int | None = field(default=None, metadata=_help("keep the top N prompts (default: all that vary)"))
+    shard: str = field(default="0/1", metadata=_help("mine part I of N (I from 0), e.g. 2/4; join with "
+                                                     "mine-merge"))
+    seed: int = field(default=0, metadata=_help("sampling seed (per prompt, so resumes agree)"))
+    chunk_size: int = field(default=32, metadata=_help("prompts per engine call and part file"))
+    skip_bad: bool = field(default=False, metadata=_help("leave malformed pool rows out (they are listed)"))
+    hf_generate: bool = field(default=False, metadata=_help(
+        "fallback: sample with HF generate instead of vLLM (e.g. GLM-OCR on a CPU)"))
+    vllm_max_model_length: int | None = field(default=None, metadata=_help("vLLM context length (default: "
+                                                                           "the model's)"))
+    vllm_gpu_memory_utilization: float = field(default=0.9, metadata=_help("vLLM GPU memory share"))
+    dtype: str = field(default="auto", metadata=_help(
+        "vLLM dtype: auto (runs a float32 checkpoint in 16 bits), float32, bfloat16, float16"))
+    progress: bool = field(default=True, metadata=_help("show a progress bar"))
+    gate: Literal[GATES] = field(default=REWARD_DEFAULT.gate, metadata=_help("the reward's degeneration gate"))
+    table_bonus: Literal[TABLE_BONUS] = field(default=REWARD_DEFAULT.table_bonus, metadata=_help(
+        "the reward's reading of the table shape bonus (SPEC §4)"))
+
+    @property
+    def reward_settings(self) -> RewardSettings:
+        return RewardSettings(gate=self.gate, table_bonus=self.table_bonus)
+
+    @property
+    def rank(self) -> RankRule:
+        """The ranking rule: the `prefer` preset with the overrides that are set."""
+        overrides = {"hard_weight": self.hard_weight, "length_weight": self.length_weight,
+                     "length_scale": self.length_scale, "table_bonus": self.rank_table_bonus}
+        return dataclasses.replace(PREFER[self.prefer], **{k: v for k, v in overrides.items() if v is not None})
+
+    @property
+    def shards(self) -> tuple[int, int]:
+        """`shard` as (I, N)."""
+        return parse_shard(self.shard)
 
     def __post_init__(self):
-        if self.k < 2:
-            raise MiningError(f"k={self.k}: reward variance needs at least 2 rollouts per prompt", setting="k")
+        if self.num_generations < 2:
+            raise MiningError(f"num_generations={self.num_generations}: reward variance needs at least 2 rollouts "
+                              "per prompt", setting="num_generations")
         if self.temperature < 0:
             raise MiningError(f"temperature={self.temperature} must be >= 0", setting="temperature")
-        if self.max_tokens < 1 or self.chunk_size < 1:
-            raise MiningError("max_tokens and chunk_size must be >= 1")
+        if self.max_completion_length < 1 or self.chunk_size < 1:
+            raise MiningError("max_completion_length and chunk_size must be >= 1")
         if self.keep is not None and self.keep < 1:
             raise MiningError(f"keep={self.keep} must be >= 1 (or None to keep all)", setting="keep")
-        i, n = self.shard
-        if not 0 <= i < n:
-            raise MiningError(f"shard {i}/{n}: need 0 <= I < N", setting="shard")
+        if self.prefer not in PREFER:
+            raise MiningError(f"prefer must be one of {', '.join(PREFER)}, got {self.prefer!r}", setting="prefer")
+        self.shards  # noqa: B018 - raises for a bad shard
+        try:
+            self.reward_settings
+        except ValueError as err:
+            raise MiningError(str(err)) from None
+
+
+@functools.cache
+def fields() -> Fields:
+    """The keys of `MineConfig` (and their old names), typed by transformers' HfArgumentParser."""
+    return Fields(MineConfig, aliases=ALIASES)
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -80,27 +143,26 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 
 def mine(cfg: MineConfig, llm=None) -> dict:
-    """Mine (or resume mining) one shard of the pool into `cfg.out`; returns the report summary.
+    """Mine (or resume mining) one shard of the pool into `cfg.output_dir`; returns the report summary.
 
     `llm`: a running vLLM engine of `cfg.model` to sample with (default: start one unless every prompt is
     already mined, or `cfg.hf_generate`).
     """
     from data.pool import load_pool
-    from grpo.checkpoint import resolve_model
-    from grpo.vllm_engine import is_vlm_checkpoint
+    from grpo.checkpoint import is_vlm_checkpoint, resolve_model
 
-    data = Path(cfg.data)
-    check_output(Path(cfg.out), [data] if data.exists() else [])
+    pool_path = Path(cfg.pool)
+    check_output(Path(cfg.output_dir), [pool_path] if pool_path.exists() else [])
     model_dir = resolve_model(cfg.model)
-    pool = load_pool(cfg.data, skip_bad=cfg.skip_bad, index_column=INDEX)
+    pool = load_pool(cfg.pool, skip_bad=cfg.skip_bad, index_column=INDEX)
     previous = [c for c in STAT_COLUMNS if c in pool.column_names]
     if previous:  # a mined pool mined again: its old statistics make way for the new ones
         pool = pool.remove_columns(previous)
-    i, n = cfg.shard
+    i, n = cfg.shards
     ds = pool.select(range(i, len(pool), n))
-    run = MiningStore(cfg.out)
+    run = MiningStore(cfg.output_dir)
     manifest = {key: getattr(cfg, key) for key in SAMPLING_FIELDS}
-    manifest.update(model=str(model_dir.resolve()), shard=list(cfg.shard), pool_rows=len(pool),
+    manifest.update(model=str(model_dir.resolve()), shard=list(cfg.shards), pool_rows=len(pool),
                     pool_fingerprint=pool_fingerprint(pool))
     check_manifest(run, manifest)
     for stale in run.parts.glob(".*.tmp*"):  # left by a killed run
@@ -117,8 +179,8 @@ def mine(cfg: MineConfig, llm=None) -> dict:
             if llm is None:
                 from grpo.vllm_engine import make_llm
 
-                llm = make_llm(model_dir, seed=cfg.seed, max_model_len=cfg.max_model_len,
-                               gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype)
+                llm = make_llm(model_dir, seed=cfg.seed, max_model_len=cfg.vllm_max_model_length,
+                               gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, dtype=cfg.dtype)
             sampler = VllmSampler(llm, is_vlm_checkpoint(model_dir))
         _mine_rows(ds, todo, sampler, cfg, run, initial=len(ds) - len(todo))
     return assemble(ds, run.read_parts(), run, cfg.rank, cfg.min_std, cfg.keep, manifest)
@@ -127,20 +189,21 @@ def mine(cfg: MineConfig, llm=None) -> dict:
 def _mine_rows(ds, todo: list[int], sampler, cfg: MineConfig, run: MiningStore, initial: int) -> None:
     from tqdm.auto import tqdm
 
-    from rewards import ocr_reward
+    from rewards import OcrReward
 
+    ocr_reward = OcrReward(cfg.reward_settings)
     with tqdm(total=initial + len(todo), initial=initial, unit="prompt", desc="mining",
               disable=not cfg.progress) as bar:
         for start in range(0, len(todo), cfg.chunk_size):
             rows = list(ds.select(todo[start:start + cfg.chunk_size]))
             rollouts = sampler.sample(rows, cfg)
-            prompts = [row["prompt"] for row in rows for _ in range(cfg.k)]
+            prompts = [row["prompt"] for row in rows for _ in range(cfg.num_generations)]
             rewards = ocr_reward(prompts, [r.text for group in rollouts for r in group],
-                                 target=[row["target"] for row in rows for _ in range(cfg.k)],
-                                 task_type=[row["task_type"] for row in rows for _ in range(cfg.k)])
+                                 target=[row["target"] for row in rows for _ in range(cfg.num_generations)],
+                                 task_type=[row["task_type"] for row in rows for _ in range(cfg.num_generations)])
             records = []
             for j, (row, group) in enumerate(zip(rows, rollouts, strict=True)):
-                stats = prompt_stats(rewards[j * cfg.k:(j + 1) * cfg.k], group)
+                stats = prompt_stats(rewards[j * cfg.num_generations:(j + 1) * cfg.num_generations], group)
                 records.append({INDEX: row[INDEX], "task_type": row["task_type"],
                                 "ref_chars": len(row["target"]), **stats})
             run.write_part(records)

