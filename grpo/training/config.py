@@ -24,7 +24,7 @@ from grpo.yaml_config import ConfigError, check_keys
 from rewards.table import TABLE_BONUS
 
 TPF_FLOOR_ACTIONS = ("warn", "stop")
-COMPARE_AR = ("always", "first", "never")
+COMPARE_AR = ("always", "first", "never", "sample")
 
 
 @dataclass
@@ -47,8 +47,9 @@ class GravityGRPOConfig(GRPOConfig):
         "help": "Output cap per probe prompt, in tokens."})
     tpf_compare_ar: str = field(default="always", metadata={
         "help": "When the probe also decodes AR greedy and logs the share of identical outputs "
-                "(`tpf/ar_equal_rate`): 'always', 'first' (step 0 only) or 'never'. AR greedy costs about TPF "
-                "times the self-speculative decode."})
+                "(`tpf/ar_equal_rate`): 'always', 'first' (step 0 only), 'never', or 'sample' (every probe, on a "
+                "fixed sample of `tpf_compare_ar_k` prompts). AR greedy costs about TPF times the self-speculative "
+                "decode."})
     tpf_floor: float | None = field(default=None, metadata={
         "help": "Relative TPF drop from the step-0 value that triggers `tpf_floor_action` "
                 "(0.1: act when TPF < 0.9 x the step-0 TPF). None: never."})
@@ -79,6 +80,16 @@ class GravityGRPOConfig(GRPOConfig):
     drafter_targets: str = field(default="sampled", metadata={
         "help": "What a masked token is trained to predict: 'sampled' (the completion's token, as joint "
                 "training) or 'greedy' (the verifier's argmax at that place, read off the clean stream)."})
+    # --- issue 18 (batched / sampled self-speculative probe) and issue 19 item 4 (what the probe checked) ---
+    tpf_batch_size: int = field(default=1, metadata={
+        "help": "Probe prompts decoded at once by the batched self-speculative decoder (greedy outputs and "
+                "forward counts are those of batch 1)."})
+    tpf_compare_ar_k: int = field(default=8, metadata={
+        "help": "With tpf_compare_ar 'sample': how many probe prompts (a fixed sample) every probe compares with "
+                "AR greedy."})
+    tpf_samples: int = field(default=1, metadata={
+        "help": "Self-speculative samples per probe prompt at the rollout `temperature`, for `tpf/sampled` beside "
+                "the greedy TPF; 0 skips sampled decoding."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -103,6 +114,9 @@ class GravityGRPOConfig(GRPOConfig):
                 raise ConfigError("tpf_floor needs the TPF probe: set tpf_every > 0, or remove tpf_floor")
         if self.tpf_floor_action == "stop" and self.tpf_floor is None:
             raise ConfigError("tpf_floor_action 'stop' needs tpf_floor (e.g. 0.1)")
+        if self.tpf_batch_size < 1 or self.tpf_compare_ar_k < 1 or self.tpf_samples < 0:
+            raise ConfigError(f"tpf_batch_size and tpf_compare_ar_k must be >= 1 and tpf_samples >= 0, got "
+                              f"{self.tpf_batch_size}, {self.tpf_compare_ar_k} and {self.tpf_samples}")
         if self.load_in_4bit and not self.use_peft:
             raise ConfigError("load_in_4bit (QLoRA) trains adapters on frozen 4-bit weights: set use_peft: true")
         if self.drafter_loss_weight < 0:
@@ -118,8 +132,14 @@ class GravityGRPOConfig(GRPOConfig):
                               f"lora_alpha={self.lora_alpha} (> 0), lora_dropout={self.lora_dropout} (in [0, 1))")
 
     def compares_ar_at(self, step: int) -> bool:
-        """Whether the TPF probe at `step` also decodes AR greedy (`tpf_compare_ar`)."""
-        return self.tpf_compare_ar == "always" or (self.tpf_compare_ar == "first" and step == 0)
+        """Whether the TPF probe at `step` also decodes AR greedy (`tpf_compare_ar`; 'sample': some prompts)."""
+        return self.tpf_compare_ar in ("always", "sample") or (self.tpf_compare_ar == "first" and step == 0)
+
+    def ar_compared_prompts(self, step: int, n: int) -> int:
+        """How many of `n` probe prompts the probe at `step` compares with AR greedy."""
+        if not self.compares_ar_at(step):
+            return 0
+        return min(n, self.tpf_compare_ar_k) if self.tpf_compare_ar == "sample" else n
 
     def peft_config(self):
         """The peft `LoraConfig` for `use_peft`, else None."""

@@ -107,18 +107,22 @@ def batch_facts(cfg: Any, num_processes: int, pool_rows: int | None) -> dict[str
 
 def probe_facts(cfg: Any, num_processes: int, tpf: float = ASSUMED_TPF) -> dict[str, str]:
     """Forwards per TPF probe, upper bound (every output runs to `tpf_max_new_tokens`) at `tpf` tokens per
-    forward; a probe that also checks AR greedy (`tpf_compare_ar`) adds one forward per token."""
+    forward: greedy self-spec, sampled self-spec (`tpf_samples` per prompt), and one forward per token of the
+    prompts compared with AR greedy (`tpf_compare_ar`); batched forwards decode `tpf_batch_size` rows each."""
     if cfg.tpf_every <= 0:
         return {"TPF probe": "off (tpf_every 0)"}
     tokens = cfg.probe_size * cfg.tpf_max_new_tokens
-    selfspec = math.ceil(tokens / tpf)
-    first, later = (selfspec + (tokens if cfg.compares_ar_at(step) else 0) for step in (0, cfg.tpf_every))
+    selfspec = math.ceil(tokens / tpf) * (1 + cfg.tpf_samples)
+    first, later = (selfspec + cfg.ar_compared_prompts(step, cfg.probe_size) * cfg.tpf_max_new_tokens
+                    for step in (0, cfg.tpf_every))
     probes = 1 + cfg.max_steps // cfg.tpf_every + (1 if cfg.max_steps % cfg.tpf_every else 0)
+    batched = math.ceil(later / num_processes / cfg.tpf_batch_size)
     return {"TPF probe cost": (f"<= {first:,} batch-1 forwards at step 0 and {later:,} per later probe "
                                f"({cfg.probe_size} prompts x {cfg.tpf_max_new_tokens} tokens / TPF {tpf}, the "
-                               f"paper's at B = 32, = {selfspec:,} self-spec, + {tokens:,} where AR greedy is "
-                               f"compared: tpf_compare_ar {cfg.tpf_compare_ar}), ~{math.ceil(later / num_processes):,} "
-                               f"per rank if sharded over {num_processes}; {probes} probes in {cfg.max_steps} steps")}
+                               f"paper's at B = 32, greedy + {cfg.tpf_samples} sampled = {selfspec:,} self-spec, + "
+                               f"one per token where AR greedy is compared: tpf_compare_ar {cfg.tpf_compare_ar}), "
+                               f"~{batched:,} batched forwards per rank at tpf_batch_size {cfg.tpf_batch_size} over "
+                               f"{num_processes}; {probes} probes in {cfg.max_steps} steps")}
 
 
 def _field_default(name: str) -> Any:
