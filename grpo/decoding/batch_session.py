@@ -43,11 +43,12 @@ class BatchSession:
         self.rope_delta = torch.zeros(0, dtype=torch.long, device=self.device)
         self.last_width = 0                              # slots the last forward appended
 
-    def add(self, inputs: list[dict[str, torch.Tensor]], first_row: int = 0) -> torch.Tensor:
-        """Prefill new prompts (rows `first_row`, ...) and append them to the batch; return their last logits."""
+    def add(self, inputs: list[dict[str, torch.Tensor]], rows: list[int] | None = None) -> torch.Tensor:
+        """Prefill new prompts (the caller's row numbers `rows`, default 0, 1, ...) and append them to the
+        batch; return their last logits (N, vocab)."""
         new = BatchSession(self.model)
         logits = new._prefill(inputs)
-        new.rows += first_row
+        new.rows = torch.tensor(list(range(len(inputs))) if rows is None else rows, dtype=torch.long)
         if not len(self.rows):
             self.cache, self.valid, self.rows = new.cache, new.valid, new.rows
             self.next_pos, self.rope_delta = new.next_pos, new.rope_delta

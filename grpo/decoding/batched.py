@@ -79,21 +79,29 @@ class _Batched:
 
     @torch.inference_mode()
     def generate(self, inputs: list[dict[str, torch.Tensor]], batch_size: int | None = None) -> list[DecodeResult]:
-        """Decode every prompt (model inputs from `grpo.prompting.encode_prompt`, one dict per prompt)."""
+        """Decode every prompt (model inputs from `grpo.prompting.encode_prompt`, one dict per prompt).
+
+        Longer prompts start first (their outputs tend to be longer: the batch drains on short ones); the
+        results come back in the order of `inputs`.
+        """
         batch_size = batch_size or len(inputs)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        order = sorted(range(len(inputs)), key=lambda i: -inputs[i]["input_ids"].shape[1])
         self.session = session = BatchSession(self.model)
-        self.results: list[DecodeResult] = []
-        while len(self.results) < len(inputs) or len(session.rows):
+        self.results: list[DecodeResult | None] = [None] * len(inputs)
+        waiting = 0
+        while waiting < len(order) or len(session.rows):
             room = batch_size - len(session.rows)
-            if room and len(self.results) < len(inputs):
-                first = len(self.results)
-                x0 = self.sampler.pick(session.add(inputs[first:first + room], first))
-                self.results += [DecodeResult(tokens=[int(t)]) for t in x0]
+            if room and waiting < len(order):
+                admitted = order[waiting:waiting + room]
+                waiting += len(admitted)
+                x0 = self.sampler.pick(session.add([inputs[i] for i in admitted], admitted))
+                for i, token in zip(admitted, x0.tolist()):
+                    self.results[i] = DecodeResult(tokens=[token])
                 alive = [_open(self.results[i].tokens, self.stop_ids, self.max_new_tokens) for i in session.rows]
                 session.keep(torch.zeros(len(alive), dtype=torch.long), torch.tensor(alive, dtype=torch.bool))
-            elif len(session.rows):
+            else:
                 self._round()
         return self.results
 
