@@ -128,3 +128,29 @@ def test_floor_stops_with_a_checkpoint(tmp_path, caplog):
 def test_floor_is_relative_to_step_0_not_the_previous_probe(tmp_path):
     _, control = _floor(tmp_path, "stop", [4.0, 3.7, 3.5])  # 3.5 is 95% of 3.7 but 87.5% of 4.0
     assert control.should_training_stop
+
+
+@pytest.mark.parametrize("mode, at_0, at_5", [("always", True, True), ("first", True, False), ("never", False, False)])
+def test_probe_compares_every_prompt_or_none(tmp_path, mode, at_0, at_5):
+    config = load_config(None, {"output_dir": str(tmp_path), "use_cpu": True, "tpf_compare_ar": mode})
+    callback = TpfProbeCallback(trainer=None, rows=list(range(10)), bd=None)
+    assert (callback._compared(config, 0), callback._compared(config, 5)) == (at_0, at_5)
+    assert config.ar_compared_prompts(5, 10) == (10 if at_5 else 0)
+
+
+def test_probe_compares_the_same_fixed_sample_at_every_probe(tmp_path):
+    config = load_config(None, {"output_dir": str(tmp_path), "use_cpu": True, "tpf_compare_ar": "sample",
+                                "tpf_compare_ar_k": 3})
+    callback = TpfProbeCallback(trainer=None, rows=list(range(10)), bd=None)
+    sample = callback._compared(config, 0)
+    assert len(sample) == 3 and sample == sorted(set(sample)) and all(0 <= i < 10 for i in sample)
+    assert callback._compared(config, 50) == sample and config.ar_compared_prompts(50, 10) == 3
+    assert TpfProbeCallback(trainer=None, rows=[0, 1], bd=None)._compared(config, 0) == [0, 1]  # k > prompts
+
+
+def test_probe_settings_are_checked(tmp_path):
+    from grpo.training.config import ConfigError
+
+    for key, value in (("tpf_batch_size", 0), ("tpf_compare_ar_k", 0), ("tpf_samples", -1)):
+        with pytest.raises(ConfigError, match=key):
+            load_config(None, {"output_dir": str(tmp_path), "use_cpu": True, key: value})

@@ -116,13 +116,14 @@ def probe_facts(cfg: Any, num_processes: int, tpf: float = ASSUMED_TPF) -> dict[
     first, later = (selfspec + cfg.ar_compared_prompts(step, cfg.probe_size) * cfg.tpf_max_new_tokens
                     for step in (0, cfg.tpf_every))
     probes = 1 + cfg.max_steps // cfg.tpf_every + (1 if cfg.max_steps % cfg.tpf_every else 0)
-    batched = math.ceil(later / num_processes / cfg.tpf_batch_size)
+    rows = min(cfg.tpf_batch_size, math.ceil(cfg.probe_size / num_processes))  # a rank's shard fills no more
+    batched = math.ceil(later / num_processes / rows)
     return {"TPF probe cost": (f"<= {first:,} batch-1 forwards at step 0 and {later:,} per later probe "
                                f"({cfg.probe_size} prompts x {cfg.tpf_max_new_tokens} tokens / TPF {tpf}, the "
                                f"paper's at B = 32, greedy + {cfg.tpf_samples} sampled = {selfspec:,} self-spec, + "
                                f"one per token where AR greedy is compared: tpf_compare_ar {cfg.tpf_compare_ar}), "
-                               f"~{batched:,} batched forwards per rank at tpf_batch_size {cfg.tpf_batch_size} over "
-                               f"{num_processes}; {probes} probes in {cfg.max_steps} steps")}
+                               f"~{batched:,} batched forwards per rank ({rows} rows each: tpf_batch_size "
+                               f"{cfg.tpf_batch_size}, {cfg.probe_size} prompts over {num_processes}); {probes} probes in {cfg.max_steps} steps")}
 
 
 def _field_default(name: str) -> Any:
