@@ -25,6 +25,7 @@ from rewards.table import TABLE_BONUS
 
 TPF_FLOOR_ACTIONS = ("warn", "stop")
 COMPARE_AR = ("always", "first", "never", "sample")
+ROLLOUT_DECODERS = ("hf", "selfspec")
 
 
 @dataclass
@@ -90,6 +91,9 @@ class GravityGRPOConfig(GRPOConfig):
     tpf_samples: int = field(default=1, metadata={
         "help": "Self-speculative samples per probe prompt at the rollout `temperature`, for `tpf/sampled` beside "
                 "the greedy TPF; 0 skips sampled decoding."})
+    rollout_decoder: str = field(default="hf", metadata={
+        "help": "How rollouts are sampled when use_vllm is false: 'hf' (TRL's transformers generate) or "
+                "'selfspec' (exact self-speculative sampling at `temperature`, text policies, no top-k/top-p)."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -117,6 +121,14 @@ class GravityGRPOConfig(GRPOConfig):
         if self.tpf_batch_size < 1 or self.tpf_compare_ar_k < 1 or self.tpf_samples < 0:
             raise ConfigError(f"tpf_batch_size and tpf_compare_ar_k must be >= 1 and tpf_samples >= 0, got "
                               f"{self.tpf_batch_size}, {self.tpf_compare_ar_k} and {self.tpf_samples}")
+        if self.rollout_decoder not in ROLLOUT_DECODERS:
+            raise ConfigError(f"rollout_decoder must be one of {ROLLOUT_DECODERS}, got {self.rollout_decoder!r}")
+        if self.rollout_decoder == "selfspec":
+            if self.use_vllm:
+                raise ConfigError("rollout_decoder 'selfspec' replaces TRL's HF generation: set use_vllm: false")
+            if self.top_k or self.top_p < 1 or self.min_p or self.repetition_penalty != 1 or self.temperature <= 0:
+                raise ConfigError("rollout_decoder 'selfspec' samples exactly at temperature > 0 with no top_k, "
+                                  "top_p, min_p or repetition_penalty: leave those at their defaults")
         if self.load_in_4bit and not self.use_peft:
             raise ConfigError("load_in_4bit (QLoRA) trains adapters on frozen 4-bit weights: set use_peft: true")
         if self.drafter_loss_weight < 0:

@@ -89,6 +89,14 @@ class GravityGRPOTrainer(GRPOTrainer):
             # The one override: TRL calls `vllm_generation.sync_weights()` before generating with new weights.
             self.vllm_generation.sync_weights = self.sync_engine_weights
 
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, **kwargs):
+        """TRL's rollout generation, or with `rollout_decoder: selfspec` the self-speculative sampler (text)."""
+        if self.args.rollout_decoder != "selfspec":
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, **kwargs)
+        from grpo.decoding.rollouts import selfspec_rollouts
+
+        return selfspec_rollouts(self, prompt_ids), None
+
     def sync_engine_weights(self) -> None:
         """Push the current policy weights into the colocated vLLM engine (CPU path)."""
         from peft import PeftModel
@@ -242,7 +250,10 @@ def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
     if config.load_in_4bit and on_cpu:
         raise ConfigError("load_in_4bit (QLoRA) needs CUDA: bitsandbytes' 4-bit layers run on GPUs; "
                           "drop load_in_4bit to train LoRA on full-precision weights here")
-    ckpt = load_checkpoint(config.model, need_drafter=probing or config.drafter_loss_weight > 0)
+    ckpt = load_checkpoint(config.model, need_drafter=probing or config.drafter_loss_weight > 0
+                           or config.rollout_decoder == "selfspec")
+    if ckpt.is_vlm and config.rollout_decoder == "selfspec":
+        raise ConfigError(f"{ckpt.path}: rollout_decoder 'selfspec' decodes text policies only; set it to 'hf'")
     if ckpt.is_vlm and config.drafter_loss_weight > 0:
         raise ConfigError(f"{ckpt.path}: drafter_loss_weight > 0 is implemented for text checkpoints only "
                           "(grpo.joint.streams builds 1-D positions and no image inputs); set it to 0")
