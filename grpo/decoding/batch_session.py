@@ -16,21 +16,18 @@ from typing import Any
 
 import torch
 
-from grpo.decoding.kv_session import base_model, window_mask
+from grpo.decoding.kv_session import base_model, check_attention, window_mask
 
 IMAGE_KEYS = ("pixel_values", "image_grid_thw")  # concatenated over rows; everything else is per token
 
 
 class BatchSession:
-    """N rows of KV cache with per-row validity, positions and forward counters."""
+    """N rows of KV cache with per-row validity and positions."""
 
     def __init__(self, model: Any):
         from transformers import DynamicCache
 
-        attention = getattr(model.config, "_attn_implementation", None) or "eager"
-        if attention not in ("eager", "sdpa"):
-            raise ValueError(f"the decoders pass float 4D attention masks, which need eager or sdpa attention; "
-                             f"the model uses {attention!r} (load it with attn_implementation='sdpa')")
+        check_attention(model)
         self.model = model
         self.cache = DynamicCache(config=model.config)
         self.device = model.device

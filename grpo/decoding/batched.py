@@ -30,33 +30,42 @@ from grpo.decoding.kv_session import DecodeResult, truncate
 
 
 class Sampler:
-    """Greedy (temperature 0) or temperature sampling from logits, with one random generator."""
+    """Greedy (temperature 0) or temperature sampling from logits, with one random generator per device
+    (seeded from `generator`, the CPU one), so draws stay on the device the logits are on."""
 
     def __init__(self, temperature: float = 0.0, generator: torch.Generator | None = None):
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
         self.temperature = temperature
         self.generator = generator if generator is not None else torch.Generator().manual_seed(0)
+        self._generators = {"cpu": self.generator}
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """softmax(logits / T) in fp32 on the CPU (the generator's device)."""
-        return (logits.float().cpu() / self.temperature).softmax(-1)
+        """softmax(logits / T) in fp32, on the logits' device."""
+        return (logits.float() / self.temperature).softmax(-1)
 
     def draw(self, probs: torch.Tensor) -> torch.Tensor:
-        """One index per row of `probs` (..., vocab)."""
+        """One index per row of `probs` (..., vocab), on the CPU."""
         flat = probs.reshape(-1, probs.shape[-1])
-        return torch.multinomial(flat, 1, generator=self.generator).reshape(probs.shape[:-1])
+        drawn = torch.multinomial(flat, 1, generator=self._on(probs.device))
+        return drawn.reshape(probs.shape[:-1]).cpu()
 
     def pick(self, logits: torch.Tensor) -> torch.Tensor:
-        """Argmax, or a draw at the temperature, for every row of `logits` (..., vocab)."""
+        """Argmax, or a draw at the temperature, for every row of `logits` (..., vocab); on the CPU."""
         return logits.argmax(-1).cpu() if self.greedy else self.draw(self.probs(logits))
 
-    def uniform(self, shape: tuple[int, ...]) -> torch.Tensor:
-        return torch.rand(shape, generator=self.generator)
+    def uniform(self, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        return torch.rand(shape, generator=self._on(device), device=device)
+
+    def _on(self, device: torch.device) -> torch.Generator:
+        key = str(device)
+        if key not in self._generators:
+            self._generators[key] = torch.Generator(device=device).manual_seed(self.generator.initial_seed())
+        return self._generators[key]
 
 
 def _open(tokens: list[int], stops: frozenset[int], max_new_tokens: int) -> bool:
@@ -165,7 +174,7 @@ class BatchDecoder(_Batched):
         if not bool(verify.any()):
             return
         a0, drafts = a0[verify], drafts[verify]
-        q = None if q is None else q[verify]
+        q = None if q is None else q[verify.to(q.device)]
         checked = session.forward(torch.cat([a0.unsqueeze(1), drafts], dim=1))   # (n', B+1, vocab)
         accepted, nexts = self._accept(checked, drafts, q)
         rows = session.rows.tolist()
@@ -189,15 +198,17 @@ class BatchDecoder(_Batched):
             accepted = ok.long().cumprod(1).sum(1)
             return accepted, verified.gather(1, accepted.unsqueeze(1)).squeeze(1)
         p = self.sampler.probs(logits)                                    # (n, B+1, V)
+        device = p.device
+        drafts = drafts.to(device)
         p_d = p[:, :B].gather(2, drafts.unsqueeze(2)).squeeze(2)
         q_d = q.gather(2, drafts.unsqueeze(2)).squeeze(2)
-        ok = self.sampler.uniform(tuple(drafts.shape)) * q_d < p_d        # u < p/q, without dividing by q
+        ok = self.sampler.uniform(tuple(drafts.shape), device) * q_d < p_d   # u < p/q, without dividing by q
         accepted = ok.long().cumprod(1).sum(1)
-        rows = torch.arange(len(drafts))
+        rows = torch.arange(len(drafts), device=device)
         target = p[rows, accepted]                                        # p_(A+1): bonus when A = B
         residual = torch.zeros_like(target)
         rejected = accepted < B
         residual[rejected] = (target[rejected] - q[rows[rejected], accepted[rejected]]).clamp(min=0)
         mass = residual.sum(1, keepdim=True)
         target = torch.where(rejected.unsqueeze(1) & (mass > 0), residual / mass.clamp(min=1e-30), target)
-        return accepted, self.sampler.draw(target)
+        return accepted.cpu(), self.sampler.draw(target)

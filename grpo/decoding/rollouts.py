@@ -23,10 +23,9 @@ def selfspec_rollouts(trainer: Any, prompt_ids: list[list[int]]) -> list[list[in
     from grpo.decoding.tpf import tpf_of
 
     args, bd = trainer.args, trainer.block_diffusion
-    device = trainer.accelerator.device
     seed = hash((args.seed, trainer.state.global_step, trainer.accelerator.process_index)) % 2**63
     sampler = Sampler(args.temperature, torch.Generator().manual_seed(seed))
-    inputs = [{"input_ids": torch.tensor([ids], device=device)} for ids in prompt_ids]
+    inputs = [{"input_ids": torch.tensor([ids])} for ids in prompt_ids]   # the session moves them
     with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
                                      gather_deepspeed3_params=args.ds3_gather_for_generation,
                                      gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs) as model:
