@@ -159,6 +159,10 @@ def test_measure_tpf_glmocr_with_images(tmp_path):
     stats = measure_tpf(ckpt.model, processor, vlm_rows, ckpt.bd, is_vlm=True, max_new_tokens=24,
                         compare_ar=True, progress=False)
     assert stats["n"] == 3 and stats["ar_equal_rate"] == 1.0 and set(stats["by_task"]) == set(TASKS)
+    batched = measure_tpf(ckpt.model, processor, vlm_rows, ckpt.bd, is_vlm=True, max_new_tokens=24,
+                          compare_ar=True, progress=False, batch_size=3)
+    keys = ("output_ids", "forwards", "rounds", "accepted", "ar_equal")
+    assert [[r[k] for k in keys] for r in batched["rows"]] == [[r[k] for k in keys] for r in stats["rows"]]
 
 
 def _write_pool(path, rows):

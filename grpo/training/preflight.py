@@ -122,7 +122,7 @@ def probe_facts(cfg: Any, num_processes: int, tpf: float = ASSUMED_TPF) -> dict[
                                f"({cfg.probe_size} prompts x {cfg.tpf_max_new_tokens} tokens / TPF {tpf}, the "
                                f"paper's at B = 32, greedy + {cfg.tpf_samples} sampled = {selfspec:,} self-spec, + "
                                f"one per token where AR greedy is compared: tpf_compare_ar {cfg.tpf_compare_ar}), "
-                               f"~{batched:,} batched forwards per rank ({rows} rows each: tpf_batch_size "
+                               f"~{batched:,} batched forwards per rank ({rows} row(s) per forward: tpf_batch_size "
                                f"{cfg.tpf_batch_size}, {cfg.probe_size} prompts over {num_processes}); {probes} probes in {cfg.max_steps} steps")}
 
 
