@@ -135,10 +135,7 @@ class BatchARDecoder(_Batched):
 
 
 class BatchDecoder(_Batched):
-    """Self-speculative decoding of a batch of prompts (module docstring); greedy unless `sampler` says otherwise.
-
-    `draft` is the one seam tests replace; everything else is the real round.
-    """
+    """Self-speculative decoding of a batch of prompts (module docstring); greedy unless `sampler` says otherwise."""
 
     def __init__(self, model: Any, mask_id: int, bd_size: int, stop_ids: Iterable[int], max_new_tokens: int = 512,
                  sampler: Sampler | None = None):
