@@ -1,11 +1,18 @@
-"""Self-speculative decoding vs AR greedy on one checkpoint, measured in the same run (batch 1, KV cache).
+"""Self-speculative decoding vs AR greedy on one text checkpoint, at batch 1 and at batch N, in the same run.
 
-For every prompt it decodes with AR greedy (our cache loop), HF `generate(do_sample=False)` and self-spec,
-in that order, and reports per decoder: wall time, output tokens, forwards after prefill, tokens per forward,
-tokens per second, and the wall-time ratio against AR greedy. Outputs are checked equal to AR greedy.
+Decoders, each over the same prompts (KV cache, greedy):
+- `HF generate b1` / `HF generate bN`: transformers `generate(do_sample=False)`, one prompt at a time, and N
+  left-padded prompts at a time;
+- `self-spec b1` / `self-spec bN`: this package's batched self-speculative decoder at batch size 1 and N.
+Per decoder: wall time, CPU time (the process's; steadier than wall time on a shared machine), output tokens, forwards after prefill (self-spec: per row, summed), TPF (tokens after
+x0 per forward), tokens per second, and whether each output equals HF generate at batch 1. Ratios printed at
+the end: self-spec bN against HF generate bN (batched AR), against self-spec b1, and against HF generate b1.
+HF generate bN decodes N prompts per call (static batches); self-spec bN keeps N rows busy, a finished row's
+place going to the next prompt. The decoders take turns, pass by pass (the order rotates), so a load change on
+the machine hits all of them.
 On random weights TPF ~ 1 is expected and says nothing; use a joint-trained checkpoint.
 
-    python benchmarks/selfspec_bench.py --model tiny --data tiny-probe --limit 20
+    python benchmarks/selfspec_bench.py --model tiny --data tiny-probe --batch-size 16 --threads 1
 """
 from __future__ import annotations
 
@@ -19,7 +26,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--data", default="tiny-probe", help="prompt pool (as for gravity-grpo tpf)")
-    parser.add_argument("--limit", type=int, default=20)
+    parser.add_argument("--limit", type=int, default=None, help="first N prompts (default: all)")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=2, help="passes over the prompts (wall times summed)")
     parser.add_argument("--bd-size", type=int, default=None)
     parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
@@ -31,65 +40,97 @@ def main() -> None:
 
     from rich.console import Console
     from rich.table import Table
-    from tqdm import tqdm
 
     from data.pool import load_pool
     from grpo.checkpoint import load_checkpoint, tokenizer_of
+    from grpo.decoding.batched import BatchDecoder
     from grpo.decoding.kv_session import stop_token_ids
     from grpo.prompting import encode_prompt
-    from grpo.decoding.selfspec import SelfSpecDecoder, ar_generate
 
     ckpt = load_checkpoint(args.model, need_drafter=True, dtype=getattr(torch, args.dtype))
+    if ckpt.is_vlm:
+        raise SystemExit("this benchmark batches text prompts for HF generate; use a text checkpoint")
     model = ckpt.model.to(args.device)
+    tokenizer = tokenizer_of(ckpt.processor)
     pool = load_pool(args.data)
-    pool = pool.select(range(min(args.limit, len(pool))))
+    pool = pool.select(range(min(args.limit or len(pool), len(pool))))
     bd_size = args.bd_size or ckpt.bd.bd_size
-    stops = stop_token_ids(model, tokenizer_of(ckpt.processor))
-    selfspec = SelfSpecDecoder(model, ckpt.bd.mask_id, bd_size, stops, args.max_new_tokens)
+    stops = stop_token_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stops)
+    selfspec = BatchDecoder(model, ckpt.bd.mask_id, bd_size, stops, args.max_new_tokens)
+    n = args.batch_size
 
     def sync() -> None:
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
 
-    def hf_generate(inputs):
-        inputs = {k: v.to(args.device) for k, v in inputs.items()}
-        out = model.generate(**inputs, do_sample=False, max_new_tokens=args.max_new_tokens)
-        return out[0, inputs["input_ids"].shape[1]:].tolist(), None
+    def cut(ids: list[int]) -> list[int]:
+        """An HF output up to its first stop token (the padding after it dropped)."""
+        for i, t in enumerate(ids):
+            if t in stops:
+                return ids[: i + 1]
+        return ids
 
-    decoders = {
-        "AR greedy": lambda x: (lambda r: (r.tokens, r.forwards))(ar_generate(model, x, stops, args.max_new_tokens)),
-        "HF generate": hf_generate,
-        "self-spec": lambda x: (lambda r: (r.tokens, r.forwards))(selfspec.generate(x)),
-    }
-    totals = {name: {"wall": 0.0, "tokens": 0, "forwards": 0, "equal": 0} for name in decoders}
-    encoded = [encode_prompt(ckpt.processor, row, ckpt.is_vlm) for row in pool]
-    decoders["AR greedy"](encoded[0])  # warm-up (allocator, kernels)
+    def hf_generate(chunk):
+        width = max(x["input_ids"].shape[1] for x in chunk)
+        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+        mask = torch.zeros(len(chunk), width, dtype=torch.long)
+        for i, x in enumerate(chunk):
+            ids[i, width - x["input_ids"].shape[1]:] = x["input_ids"][0]
+            mask[i, width - x["input_ids"].shape[1]:] = 1
+        out = model.generate(input_ids=ids.to(args.device), attention_mask=mask.to(args.device), do_sample=False,
+                             max_new_tokens=args.max_new_tokens, pad_token_id=pad)
+        return [(cut(row), None) for row in out[:, width:].tolist()]
+
+    def hf_batches(size):
+        return lambda prompts: [out for i in range(0, len(prompts), size) for out in hf_generate(prompts[i:i + size])]
+
+    def spec(size):  # continuous batching: a finished row's place goes to the next prompt
+        return lambda prompts: [(r.tokens, r.forwards) for r in selfspec.generate(prompts, size)]
+
+    decoders = {"HF generate b1": hf_batches(1), f"HF generate b{n}": hf_batches(n), "self-spec b1": spec(1),
+                f"self-spec b{n}": spec(n)}
+    encoded = [encode_prompt(ckpt.processor, row, False) for row in pool]
+    totals = {name: {"wall": 0.0, "cpu": 0.0, "tokens": 0, "after_x0": 0, "forwards": 0, "equal": 0}
+              for name in decoders}
+    for name, decode in decoders.items():
+        decode(encoded[:2])  # warm-up (allocator, kernels)
     names = list(decoders)
     with torch.inference_mode():
-        for i, inputs in enumerate(tqdm(encoded, desc="decoding")):
+        for rep in range(args.repeats):
             outputs = {}
-            for name in names[i % 3:] + names[: i % 3]:  # rotate the order: no decoder always runs first
+            turn = rep % len(names)
+            for name in names[turn:] + names[:turn]:  # rotate the order: no decoder always runs first
                 sync()
-                start = time.perf_counter()
-                outputs[name], forwards = decoders[name](inputs)
+                start, cpu = time.perf_counter(), time.process_time()
+                results = decoders[name](encoded)
                 sync()
                 t = totals[name]
                 t["wall"] += time.perf_counter() - start
-                t["tokens"] += len(outputs[name])
-                t["forwards"] += forwards or 0
+                t["cpu"] += time.process_time() - cpu
+                outputs[name] = [tokens for tokens, _ in results]
+                t["tokens"] += sum(len(tokens) for tokens, _ in results)
+                t["after_x0"] += sum(len(tokens) - 1 for tokens, _ in results)
+                t["forwards"] += sum(f or 0 for _, f in results)
             for name in names:
-                totals[name]["equal"] += outputs[name] == outputs["AR greedy"]
+                totals[name]["equal"] += sum(a == b for a, b in zip(outputs[name], outputs["HF generate b1"]))
 
-    ar_wall = totals["AR greedy"]["wall"]
-    table = Table(title=f"{ckpt.path} on {args.data}: {len(encoded)} prompts, B={bd_size}, {args.dtype}, "
-                        f"{args.device}, max {args.max_new_tokens} new tokens")
-    for column in ("decoder", "wall s", "tokens", "forwards", "TPF", "tok/s", "vs AR", "= AR"):
+    count = len(encoded) * args.repeats
+    table = Table(title=f"{ckpt.path} on {args.data}: {len(encoded)} prompts x {args.repeats}, B={bd_size}, "
+                        f"{args.dtype}, {args.device}, {torch.get_num_threads()} thread(s), max {args.max_new_tokens}")
+    for column in ("decoder", "wall s", "CPU s", "tokens", "forwards", "TPF", "tok/s", "= HF b1"):
         table.add_column(column, justify="left" if column == "decoder" else "right")
     for name, t in totals.items():
-        tpf = f"{t['tokens'] / t['forwards']:.2f}" if t["forwards"] else "-"
-        table.add_row(name, f"{t['wall']:.2f}", str(t["tokens"]), str(t["forwards"] or "-"), tpf,
-                      f"{t['tokens'] / t['wall']:.1f}", f"{ar_wall / t['wall']:.2f}x", f"{t['equal']}/{len(encoded)}")
-    Console().print(table)
+        tpf = f"{t['after_x0'] / t['forwards']:.2f}" if t["forwards"] else "-"
+        table.add_row(name, f"{t['wall']:.2f}", f"{t['cpu']:.2f}", str(t["tokens"]), str(t["forwards"] or "-"), tpf,
+                      f"{t['tokens'] / t['wall']:.1f}", f"{t['equal']}/{count}")
+    console = Console()
+    console.print(table)
+    mine = totals[f"self-spec b{n}"]
+    for other in (f"HF generate b{n}", "self-spec b1", "HF generate b1"):
+        t = totals[other]
+        console.print(f"self-spec b{n} against {other}: {t['wall'] / mine['wall']:.2f}x in wall time, "
+                      f"{t['cpu'] / mine['cpu']:.2f}x in CPU time", markup=False)
 
 
 if __name__ == "__main__":

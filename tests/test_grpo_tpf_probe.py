@@ -13,12 +13,13 @@ from grpo.training.drift import drift_records, held_out_change, paired_interval,
 from grpo.training.run_dir import DRIFT_JSONL, DRIFT_PNG, RunDir
 from grpo.training.tpf_probe import TpfProbeCallback
 
-STATS = {"tpf": 3.2, "accepted_per_round": 4.5, "ar_equal_rate": 1.0, "n": 6, "truncated": 0, "reward": 0.8,
-         "exact_rate": 0.5,
+STATS = {"tpf": 3.2, "tpf_bench": 3.0, "accepted_per_round": 4.5, "ar_equal_rate": 1.0, "ar_compared": 6, "n": 6,
+         "truncated": 0, "reward": 0.8, "exact_rate": 0.5,
          "by_task": {"text": {"tpf": 2.5, "reward": 0.7}, "table": {"tpf": 4.0, "reward": 0.9},
                      "formula": {"tpf": 3.0, "reward": None}}}
 HISTORY = [
-    {"step": 0, "tpf/mean": 3.2, "tpf/accepted_per_round": 4.5, "tpf/ar_equal_rate": 1.0, "tpf/text": 2.5,
+    {"step": 0, "tpf/mean": 3.2, "tpf/bench": 3.0, "tpf/sampled": 2.1, "tpf_sampled/text": 1.9,
+     "tpf/accepted_per_round": 4.5, "tpf/ar_equal_rate": 1.0, "tpf/ar_compared": 6.0, "tpf/text": 2.5,
      "tpf/table": 4.0, "tpf/n": 6.0, "tpf/ranks": 2.0, "tpf/truncated": 0.0, "eval/reward": 0.8,
      "eval/text/reward": 0.7, "eval/table/reward": 0.9, "eval/exact": 0.5},
     {"step": 1, "loss": 0.1, "reward": 0.55},
@@ -28,19 +29,24 @@ HISTORY = [
 
 
 def test_probe_metrics_names_and_drops_missing():
-    assert probe_metrics(STATS, ranks=2) == {
-        "tpf/mean": 3.2, "tpf/accepted_per_round": 4.5, "tpf/ar_equal_rate": 1.0, "tpf/truncated": 0.0,
+    sampled = {"tpf": 2.1, "by_task": {"text": {"tpf": 1.9}, "table": {"tpf": None}}}
+    assert probe_metrics(STATS, ranks=2, sampled=sampled) == {
+        "tpf/mean": 3.2, "tpf/bench": 3.0, "tpf/accepted_per_round": 4.5, "tpf/ar_equal_rate": 1.0,
+        "tpf/ar_compared": 6.0, "tpf/truncated": 0.0,
         "tpf/n": 6.0, "tpf/ranks": 2.0, "tpf/text": 2.5, "tpf/table": 4.0, "tpf/formula": 3.0,
-        "eval/reward": 0.8, "eval/exact": 0.5, "eval/text/reward": 0.7, "eval/table/reward": 0.9}
+        "eval/reward": 0.8, "eval/exact": 0.5, "eval/text/reward": 0.7, "eval/table/reward": 0.9,
+        "tpf/sampled": 2.1, "tpf_sampled/text": 1.9}
     assert "tpf/ar_equal_rate" not in probe_metrics({**STATS, "ar_equal_rate": None})  # compare_ar off
 
 
 def test_drift_records_carry_tpf_held_out_reward_and_the_training_reward_logged_with_or_before_the_probe():
     assert drift_records(HISTORY) == [
-        {"step": 0, "tpf": 3.2, "tpf_by_task": {"table": 4.0, "text": 2.5}, "accepted_per_round": 4.5,
-         "ar_equal_rate": 1.0, "eval_reward": 0.8, "eval_reward_by_task": {"table": 0.9, "text": 0.7},
+        {"step": 0, "tpf": 3.2, "tpf_by_task": {"table": 4.0, "text": 2.5}, "tpf_bench": 3.0, "tpf_sampled": 2.1,
+         "tpf_sampled_by_task": {"text": 1.9}, "accepted_per_round": 4.5,
+         "ar_equal_rate": 1.0, "ar_compared": 6, "eval_reward": 0.8, "eval_reward_by_task": {"table": 0.9, "text": 0.7},
          "eval_exact": 0.5, "n": 6, "ranks": 2, "truncated": 0, "reward": None},
-        {"step": 2, "tpf": 3.1, "tpf_by_task": {"text": 2.4}, "accepted_per_round": 4.2, "ar_equal_rate": None,
+        {"step": 2, "tpf": 3.1, "tpf_by_task": {"text": 2.4}, "tpf_bench": None, "tpf_sampled": None,
+         "tpf_sampled_by_task": {}, "accepted_per_round": 4.2, "ar_equal_rate": None, "ar_compared": None,
          "eval_reward": None, "eval_reward_by_task": {}, "eval_exact": None, "n": None, "ranks": None,
          "truncated": None, "reward": 0.61},
     ]
@@ -84,7 +90,7 @@ def test_held_out_change_pairs_the_first_and_last_probe_by_prompt(tmp_path):
     assert change["steps"] == (0, 5) and len(run.read_probe_rows()) == 2
     assert change["all"]["diff"] == pytest.approx(0.05) and change["all"]["n"] == 4
     assert change["text"]["diff"] == pytest.approx(0.1) and change["table"]["diff"] == pytest.approx(0.0)
-    assert change["all"]["tpf"] == (4.0, 2.0)
+    assert change["all"]["tpf"] == (7 / 2, 7 / 4)  # 8 - 1 output tokens after x0 over 2, then 4 forwards
 
 
 def _floor(tmp_path, action, tpfs):
@@ -122,3 +128,29 @@ def test_floor_stops_with_a_checkpoint(tmp_path, caplog):
 def test_floor_is_relative_to_step_0_not_the_previous_probe(tmp_path):
     _, control = _floor(tmp_path, "stop", [4.0, 3.7, 3.5])  # 3.5 is 95% of 3.7 but 87.5% of 4.0
     assert control.should_training_stop
+
+
+@pytest.mark.parametrize("mode, at_0, at_5", [("always", True, True), ("first", True, False), ("never", False, False)])
+def test_probe_compares_every_prompt_or_none(tmp_path, mode, at_0, at_5):
+    config = load_config(None, {"output_dir": str(tmp_path), "use_cpu": True, "tpf_compare_ar": mode})
+    callback = TpfProbeCallback(trainer=None, rows=list(range(10)), bd=None)
+    assert (callback._compared(config, 0), callback._compared(config, 5)) == (at_0, at_5)
+    assert config.ar_compared_prompts(5, 10) == (10 if at_5 else 0)
+
+
+def test_probe_compares_the_same_fixed_sample_at_every_probe(tmp_path):
+    config = load_config(None, {"output_dir": str(tmp_path), "use_cpu": True, "tpf_compare_ar": "sample",
+                                "tpf_compare_ar_k": 3})
+    callback = TpfProbeCallback(trainer=None, rows=list(range(10)), bd=None)
+    sample = callback._compared(config, 0)
+    assert len(sample) == 3 and sample == sorted(set(sample)) and all(0 <= i < 10 for i in sample)
+    assert callback._compared(config, 50) == sample and config.ar_compared_prompts(50, 10) == 3
+    assert TpfProbeCallback(trainer=None, rows=[0, 1], bd=None)._compared(config, 0) == [0, 1]  # k > prompts
+
+
+def test_probe_settings_are_checked(tmp_path):
+    from grpo.training.config import ConfigError
+
+    for key, value in (("tpf_batch_size", 0), ("tpf_compare_ar_k", 0), ("tpf_samples", -1)):
+        with pytest.raises(ConfigError, match=key):
+            load_config(None, {"output_dir": str(tmp_path), "use_cpu": True, key: value})

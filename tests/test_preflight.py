@@ -103,13 +103,16 @@ def test_cli_dry_run_exit_codes():
     assert paper.returncode == 2 and "24 prompts x 28 generations = 672 completions" in paper.stdout
 
 
-@pytest.mark.parametrize("compare, first, later", [("always", 2 + 8, 2 + 8), ("first", 2 + 8, 2), ("never", 2, 2)])
+@pytest.mark.parametrize("compare, first, later", [("always", 2 + 8, 2 + 8), ("first", 2 + 8, 2), ("never", 2, 2),
+                                                   ("sample", 2 + 6, 2 + 6)])
 def test_probe_cost_counts_the_ar_check_only_where_it_runs(compare, first, later):
-    """4 prompts x 2 tokens at TPF 4: 2 self-spec forwards; AR greedy adds 8 where tpf_compare_ar runs it."""
+    """4 prompts x 2 tokens at TPF 4: 2 self-spec forwards; AR greedy adds 8 where tpf_compare_ar runs it (6 for
+    the 3 prompts of 'sample')."""
     from grpo.training.config import load_config
     from grpo.training.preflight import probe_facts
 
     cfg = load_config(None, {"output_dir": "/tmp/unused", "use_cpu": True, "probe_size": 4, "tpf_max_new_tokens": 2,
-                             "tpf_every": 5, "max_steps": 10, "tpf_compare_ar": compare})
+                             "tpf_every": 5, "max_steps": 10, "tpf_compare_ar": compare, "tpf_compare_ar_k": 3,
+                             "tpf_samples": 0})
     text = probe_facts(cfg, 1, tpf=4.0)["TPF probe cost"]
     assert text.startswith(f"<= {first} batch-1 forwards at step 0 and {later} per later probe")

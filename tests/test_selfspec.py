@@ -1,11 +1,14 @@
 """Decoders (SPEC §5) on tiny random checkpoints in fp32: self-spec == AR greedy == HF generate, round accounting
-with a test double for the draft logits, the draft window against a full-sequence forward, direct diffusion."""
+with a test double for the draft logits, the draft window against a full-sequence forward, direct diffusion, and
+the batched decoders row for row against batch 1 (text and GLM-OCR with images)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from grpo.checkpoint import load_checkpoint
+from grpo.decoding.batch_session import BatchSession
+from grpo.decoding.batched import BatchARDecoder, BatchDecoder, Sampler
 from grpo.decoding.kv_session import Session, stop_token_ids
 from grpo.decoding.diffusion import diffusion_generate
 from grpo.prompting import encode_prompt
@@ -220,3 +223,49 @@ def test_diffusion_forward_count(text_arch, tau, steps_per_block):
                                 stop_ids=text_arch.stops, max_new_tokens=1 + 4 * 5, tau=tau)
     assert len(result.tokens) == 21 and result.rounds == 5
     assert result.forwards == 5 * steps_per_block + 4  # a cache write after every block but the last
+
+
+# --- batched decoding: every row as at batch 1 -------------------------------------------------------------
+
+@pytest.mark.parametrize("batch_size", [1, 3, 16])
+def test_batched_selfspec_equals_batch_1_per_row(arch, batch_size):
+    """Ragged acceptance, rows leaving and joining (continuous batching), per-row positions: each row's output
+    ids, forwards, rounds and accepted drafts are those of the batch-1 decoder."""
+    bd_size = 8
+    single = SelfSpecDecoder(arch.model, arch.bd.mask_id, bd_size, arch.stops, MAX_NEW)
+    expected = [single.generate(x) for x in arch.inputs]
+    results = BatchDecoder(arch.model, arch.bd.mask_id, bd_size, arch.stops, MAX_NEW).generate(arch.inputs, batch_size)
+    assert [r.tokens for r in results] == arch.references
+    for got, want in zip(results, expected):
+        assert (got.tokens, got.forwards, got.rounds, got.accepted) == (want.tokens, want.forwards, want.rounds,
+                                                                        want.accepted)
+    assert len({tuple(r.accepted) for r in results}) > 1  # the rows did accept different numbers of drafts
+
+
+def test_batched_ar_equals_ar_greedy(arch):
+    results = BatchARDecoder(arch.model, arch.stops, MAX_NEW).generate(arch.inputs, 5)
+    assert [r.tokens for r in results] == arch.references
+    assert [r.forwards for r in results] == [len(t) - 1 for t in arch.references]
+
+
+def test_batched_decoder_greedy_limit_of_sampling_is_greedy(text_arch):
+    """Sampling at a temperature near 0 commits exactly what the greedy decoder commits, at the same cost."""
+    greedy = BatchDecoder(text_arch.model, text_arch.bd.mask_id, 8, text_arch.stops, MAX_NEW).generate(text_arch.inputs)
+    cold = BatchDecoder(text_arch.model, text_arch.bd.mask_id, 8, text_arch.stops, MAX_NEW,
+                        Sampler(1e-4, torch.Generator().manual_seed(3))).generate(text_arch.inputs)
+    assert [(r.tokens, r.forwards, r.accepted) for r in cold] == [(r.tokens, r.forwards, r.accepted) for r in greedy]
+
+
+def test_batch_session_keeps_rows_packed(text_arch):
+    """After a ragged keep, every row's valid slots sit at the right end and the cache is as long as the longest."""
+    session = BatchSession(text_arch.model)
+    session.add(text_arch.inputs[:3])
+    session.keep(torch.zeros(3, dtype=torch.long))
+    lengths = [x["input_ids"].shape[1] for x in text_arch.inputs[:3]]
+    session.forward(torch.full((3, 5), 7))
+    session.keep(torch.tensor([5, 0, 2]), torch.tensor([True, False, True]))
+    kept = [lengths[0] + 5, lengths[2] + 2]
+    assert session.rows.tolist() == [0, 2] and session.next_pos.tolist() == kept
+    assert session.valid.shape[1] == max(kept) == session.cache.get_seq_length()
+    for row, n in enumerate(kept):
+        assert session.valid[row].tolist() == [False] * (max(kept) - n) + [True] * n

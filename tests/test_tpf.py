@@ -36,14 +36,33 @@ def test_length_bins(n, label):
     assert length_bin(n) == label
 
 
-def test_summary_is_a_ratio_of_sums():
-    records = [dict(tokens=10, forwards=2, rounds=1, accepted=[8], wall_s=1.0, ar_equal=True, truncated=True),
-               dict(tokens=3, forwards=3, rounds=2, accepted=[0, 1], wall_s=0.5, ar_equal=False, truncated=False)]
+def test_summary_is_a_ratio_of_sums_without_x0():
+    records = [dict(tokens=10, text_tokens=8, forwards=2, rounds=1, accepted=[8], wall_s=1.0, ar_equal=True,
+                    truncated=True),
+               dict(tokens=3, text_tokens=2, forwards=3, rounds=2, accepted=[0, 1], wall_s=0.5, ar_equal=False,
+                    truncated=False)]
     s = summarize(records)
-    assert s["tpf"] == pytest.approx(13 / 5) and s["accepted_per_round"] == pytest.approx(3)
+    assert s["tpf"] == pytest.approx((9 + 2) / 5) and s["tpf_bench"] == pytest.approx(10 / 7)
+    assert s["accepted_per_round"] == pytest.approx(3)
     assert s["ar_equal_rate"] == 0.5 and (s["n"], s["tokens"], s["forwards"], s["rounds"]) == (2, 13, 5, 3)
-    assert s["truncated"] == 1
+    assert s["truncated"] == 1 and s["wall_s"] == 1.5 and s["ar_compared"] == 2
     assert summarize([])["tpf"] is None
+
+
+def test_plain_ar_decoding_scores_exactly_one(text_dir, rows):
+    """Both conventions give AR decoding 1.0: one token per forward after the prefill's x0 (`tpf`), and every
+    token over every forward, prefill included (`tpf_bench` when the text re-tokenizes to the same ids)."""
+    from grpo.decoding.batched import BatchARDecoder
+    from grpo.decoding.kv_session import stop_token_ids
+    from grpo.decoding.tpf import tpf_of
+    from grpo.prompting import encode_prompt
+
+    ckpt = load_checkpoint(text_dir, need_drafter=True)
+    stops = stop_token_ids(ckpt.model, ckpt.processor)
+    results = BatchARDecoder(ckpt.model, stops, 40).generate([encode_prompt(ckpt.processor, r, False) for r in rows])
+    records = [{"tokens": len(r.tokens), "forwards": r.forwards} for r in results]
+    assert tpf_of(records) == 1.0
+    assert sum(r["tokens"] for r in records) == sum(r["forwards"] + 1 for r in records)
 
 
 def test_measure_tpf_selfspec(text_dir, rows):
@@ -53,7 +72,7 @@ def test_measure_tpf_selfspec(text_dir, rows):
                         progress=False)
     assert ckpt.model.training  # mode restored for the trainer
     assert stats["n"] == 9 and stats["ar_equal_rate"] == 1.0 and stats["bd_size"] == 4
-    assert stats["tpf"] == pytest.approx(stats["tokens"] / stats["forwards"])
+    assert stats["tpf"] == pytest.approx((stats["tokens"] - stats["n"]) / stats["forwards"])
     assert list(stats["by_task"]) == ["formula", "table", "text"]
     assert all(s["n"] == 3 for s in stats["by_task"].values())
     assert sum(s["tokens"] for s in stats["by_task"].values()) == stats["tokens"]
@@ -80,12 +99,16 @@ def test_rows_are_the_per_prompt_records(text_dir, rows):
         assert rec["task"] == row["task_type"] and rec["prompt_ids"] == inputs["input_ids"][0].tolist()
         assert rec["output_ids"] == ar_generate(ckpt.model, inputs, stops, 40).tokens
         assert rec["tokens"] == len(rec["output_ids"]) and rec["truncated"] == (rec["output_ids"][-1] not in stops)
+        text = ckpt.processor.decode(rec["output_ids"], skip_special_tokens=True)
+        assert rec["text_tokens"] == len(ckpt.processor.encode(text, add_special_tokens=False))
         verified = len(rec["accepted"])
         assert rec["forwards"] == 2 * verified + (rec["rounds"] - verified)
         assert all(0 <= a <= 4 for a in rec["accepted"])
         most = 1 + sum(rec["accepted"]) + 2 * verified + (rec["rounds"] - verified)
         assert most - 1 <= rec["tokens"] <= most
     assert stats["tokens"] == sum(r["tokens"] for r in stats["rows"])
+    assert stats["tpf_bench"] == pytest.approx(sum(r["text_tokens"] for r in stats["rows"])
+                                               / sum(r["forwards"] + 1 for r in stats["rows"]))
 
 
 def test_measure_tpf_scores_outputs_against_targets(text_dir, rows):
@@ -136,6 +159,10 @@ def test_measure_tpf_glmocr_with_images(tmp_path):
     stats = measure_tpf(ckpt.model, processor, vlm_rows, ckpt.bd, is_vlm=True, max_new_tokens=24,
                         compare_ar=True, progress=False)
     assert stats["n"] == 3 and stats["ar_equal_rate"] == 1.0 and set(stats["by_task"]) == set(TASKS)
+    batched = measure_tpf(ckpt.model, processor, vlm_rows, ckpt.bd, is_vlm=True, max_new_tokens=24,
+                          compare_ar=True, progress=False, batch_size=3)
+    keys = ("output_ids", "forwards", "rounds", "accepted", "ar_equal")
+    assert [[r[k] for k in keys] for r in batched["rows"]] == [[r[k] for k in keys] for r in stats["rows"]]
 
 
 def _write_pool(path, rows):
@@ -165,3 +192,45 @@ def test_cli_refuses_checkpoint_without_drafter(text_dir, rows, tmp_path, capsys
     pool = _write_pool(tmp_path / "pool.jsonl", rows)
     assert main(["tpf", "--model", str(plain), "--data", str(pool)]) == 2
     assert "block_diffusion.json is missing" in capsys.readouterr().err
+
+
+def test_cli_batch_size_gives_the_same_rows(text_dir, rows, tmp_path):
+    pool = _write_pool(tmp_path / "pool.jsonl", rows)
+    stats = {}
+    for size in (1, 4):
+        out = tmp_path / f"b{size}.json"
+        assert main(["tpf", "--model", str(text_dir), "--data", str(pool), "--max-new-tokens", "30",
+                     "--batch-size", str(size), "--out", str(out)]) == 0
+        stats[size] = json.loads(out.read_text())
+    keys = ("index", "output_ids", "forwards", "rounds", "accepted")
+    assert [{k: r[k] for k in keys} for r in stats[1]["rows"]] == [{k: r[k] for k in keys} for r in stats[4]["rows"]]
+    assert stats[4]["batch_size"] == 4 and stats[4]["wall_s"] > 0
+
+
+def test_cli_sampling_rows_per_prompt_and_sample_deterministic(text_dir, rows, tmp_path):
+    pool = _write_pool(tmp_path / "pool.jsonl", rows[:3])
+    outs = []
+    for name, seed in (("a", 5), ("b", 5), ("c", 6)):
+        out = tmp_path / f"{name}.json"
+        assert main(["tpf", "--model", str(text_dir), "--data", str(pool), "--max-new-tokens", "30",
+                     "--temperature", "1.0", "--samples", "4", "--seed", str(seed), "--batch-size", "5",
+                     "--out", str(out)]) == 0
+        outs.append(json.loads(out.read_text()))
+    first = outs[0]["rows"]
+    assert [(r["index"], r["sample"]) for r in first] == [(i, k) for i in range(3) for k in range(4)]
+    assert all(r["prompt_ids"] and r["output_ids"] for r in first)
+    assert [r["output_ids"] for r in first] == [r["output_ids"] for r in outs[1]["rows"]]
+    assert [r["output_ids"] for r in first] != [r["output_ids"] for r in outs[2]["rows"]]
+    assert outs[0]["temperature"] == 1.0 and outs[0]["samples"] == 4 and outs[0]["n"] == 12
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--samples", "3"], "--samples > 1 needs --temperature"),
+    (["--temperature", "1", "--compare-ar"], "--compare-ar checks equality"),
+    (["--batch-size", "0"], "--batch-size and --samples must be >= 1"),
+    (["--temperature", "-1"], "--temperature must be >= 0"),
+    (["--mode", "diffusion", "--batch-size", "2"], "--mode diffusion decodes greedily at batch 1")])
+def test_cli_refuses_contradicting_decoding_flags(text_dir, rows, tmp_path, capsys, flags, message):
+    pool = _write_pool(tmp_path / "pool.jsonl", rows)
+    assert main(["tpf", "--model", str(text_dir), "--data", str(pool), *flags]) == 2
+    assert message in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """An independent self-speculative loop, written from SPEC §5 without a KV cache (every forward re-reads the
 whole sequence under an explicit additive mask), reproduces the per-row records of `gravity-grpo tpf` on the
-tiny default: output ids, forwards, rounds and the drafts committed in each round."""
+tiny default: output ids, forwards, rounds and the drafts committed in each round; at batch size 1 and 16.
+The reported `tpf` is the convention under which the same loop's plain AR decoding scores exactly 1.0."""
 from __future__ import annotations
 
 import json
@@ -55,15 +56,32 @@ def _self_speculative(model, prompt: list[int], mask_id: int, B: int, stops: set
     return {"output_ids": out, "forwards": forwards, "rounds": rounds, "accepted": accepted}
 
 
-def test_independent_loop_reproduces_the_tpf_rows(tmp_path):
+@torch.inference_mode()
+def _autoregressive(model, prompt: list[int], stops: set[int]) -> dict:
+    out = [int(_forward(model, prompt)[-1].argmax())]  # prefill: x0 (not counted)
+    forwards = 0
+    while out[-1] not in stops and len(out) < MAX_NEW:
+        out.append(int(_forward(model, prompt + out)[-1].argmax()))
+        forwards += 1
+    return {"output_ids": out, "forwards": forwards}
+
+
+def _tpf(rows) -> float:
+    """Output tokens after x0 over draft + verify forwards, summed over the rows."""
+    return sum(len(r["output_ids"]) - 1 for r in rows) / sum(r["forwards"] for r in rows)
+
+
+@pytest.mark.parametrize("batch_size", [1, 16])
+def test_independent_loop_reproduces_the_tpf_rows(tmp_path, batch_size):
     from grpo.checkpoint import load_checkpoint
     from grpo.cli import main
     from grpo.decoding.kv_session import stop_token_ids
 
     out = tmp_path / "tpf.json"
     assert main(["tpf", "--model", "tiny", "--data", "tiny-probe", "--max-new-tokens", str(MAX_NEW),
-                 "--out", str(out)]) == 0
-    rows = json.loads(out.read_text())["rows"]
+                 "--batch-size", str(batch_size), "--out", str(out)]) == 0
+    stats = json.loads(out.read_text())
+    rows = stats["rows"]
     ckpt = load_checkpoint("tiny", need_drafter=True)
     stops = set(stop_token_ids(ckpt.model, ckpt.processor))
     assert len(rows) == 60
@@ -71,3 +89,10 @@ def test_independent_loop_reproduces_the_tpf_rows(tmp_path):
         mine = _self_speculative(ckpt.model, row["prompt_ids"], ckpt.bd.mask_id, ckpt.bd.bd_size, stops)
         assert {k: row[k] for k in mine} == mine, row["index"]
         assert row["tokens"] == len(row["output_ids"])
+    assert stats["tpf"] == pytest.approx(_tpf(rows), rel=1e-12)
+    text = [len(ckpt.processor.encode(ckpt.processor.decode(r["output_ids"], skip_special_tokens=True),
+                                      add_special_tokens=False)) for r in rows]
+    assert stats["tpf_bench"] == pytest.approx(sum(text) / sum(r["forwards"] + 1 for r in rows), rel=1e-12)
+    ar = [_autoregressive(ckpt.model, row["prompt_ids"], stops) for row in rows[::6]]
+    assert [a["output_ids"] for a in ar] == [row["output_ids"] for row in rows[::6]]
+    assert _tpf(ar) == 1.0

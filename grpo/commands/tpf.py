@@ -22,8 +22,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bd-size", type=int, default=None, help="draft block size B (default: the checkpoint's)")
     parser.add_argument("--max-new-tokens", type=int, default=512, help="output cap per prompt")
     parser.add_argument("--compare-ar", action="store_true", help="also decode AR greedy; report the equal share")
+    parser.add_argument("--batch-size", type=int, default=1, help="prompts decoded at once (selfspec mode); "
+                                                                  "greedy output is the same at every size")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: exact self-speculative "
+                                                                       "sampling at this temperature (no top-k/p)")
+    parser.add_argument("--samples", type=int, default=1, help="samples per prompt (with --temperature > 0)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampler")
     parser.add_argument("--score", action="store_true", help="also score each output against the row's target "
-                                                             "(the GRPO reward; selfspec output = AR greedy)")
+                                                             "(the GRPO reward of the decoded output)")
     parser.add_argument("--mode", choices=("selfspec", "diffusion"), default="selfspec", help="decoder")
     parser.add_argument("--tau", type=float, default=0.9, help="confidence threshold of --mode diffusion")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="model dtype")
@@ -34,15 +40,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _table(stats: dict):
     from rich.table import Table
 
-    table = Table(title=f"TPF ({stats['mode']}, B={stats['bd_size']}, n={stats['n']})")
-    for column in ("group", "n", "TPF", "accepted/round", "AR-equal", "reward", "exact", "tokens", "forwards"):
+    sampled = f", T={stats['temperature']}, {stats['samples']} samples" if stats["temperature"] else ""
+    table = Table(title=f"TPF ({stats['mode']}, B={stats['bd_size']}, n={stats['n']}{sampled})")
+    for column in ("group", "n", "TPF", "TPF bench", "accepted/round", "AR-equal", "reward", "exact", "tokens", "forwards"):
         table.add_column(column, justify="left" if column == "group" else "right")
 
     def fmt(value, spec=".2f"):
         return "-" if value is None else format(value, spec)
 
     def add(name: str, s: dict) -> None:
-        table.add_row(name, str(s["n"]), fmt(s["tpf"]), fmt(s["accepted_per_round"]),
+        table.add_row(name, str(s["n"]), fmt(s["tpf"]), fmt(s["tpf_bench"]), fmt(s["accepted_per_round"]),
                       fmt(s["ar_equal_rate"], ".1%"), fmt(s["reward"], ".3f"), fmt(s["exact_rate"], ".0%"),
                       str(s["tokens"]), str(s["forwards"]))
 
@@ -52,6 +59,20 @@ def _table(stats: dict):
     for label, s in stats["by_length"].items():
         add(f"length {label}", s)
     return table
+
+
+def _check_decoding(args: argparse.Namespace, error: type) -> None:
+    """Refuse decoding flags that contradict each other, naming the flag."""
+    if args.batch_size < 1 or args.samples < 1:
+        raise error(f"--batch-size and --samples must be >= 1, got {args.batch_size} and {args.samples}")
+    if args.temperature < 0:
+        raise error(f"--temperature must be >= 0 (0 is greedy), got {args.temperature}")
+    if args.samples > 1 and args.temperature == 0:
+        raise error("--samples > 1 needs --temperature > 0: greedy decoding gives one output per prompt")
+    if args.temperature > 0 and args.compare_ar:
+        raise error("--compare-ar checks equality with AR greedy: leave it out with --temperature > 0")
+    if args.mode == "diffusion" and (args.batch_size > 1 or args.temperature > 0):
+        raise error("--mode diffusion decodes greedily at batch 1: leave --batch-size and --temperature out")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit must be >= 1, got {args.limit}")
+    _check_decoding(args, UserError)
     ckpt = load_checkpoint(args.model, need_drafter=True, dtype=getattr(torch, args.dtype))
     pool = load_pool(args.pool, skip_bad=args.skip_bad)
     ckpt.model.to(args.device or ("cpu" if on_cpu() else "cuda"))
@@ -73,9 +95,11 @@ def run(args: argparse.Namespace) -> int:
         pool = pool.select(range(min(args.limit, len(pool))))
     stats = measure_tpf(ckpt.model, ckpt.processor, pool, ckpt.bd, is_vlm=ckpt.is_vlm, bd_size=args.bd_size,
                         max_new_tokens=args.max_new_tokens, compare_ar=args.compare_ar, mode=args.mode,
-                        tau=args.tau, score=args.score)
+                        tau=args.tau, score=args.score, batch_size=args.batch_size, temperature=args.temperature,
+                        samples=args.samples, seed=args.seed)
     stats.update(model=str(ckpt.path), pool=args.pool)
     console.print(_table(stats))
+    console.print(f"decode wall time {stats['wall_s']:.2f} s at batch size {args.batch_size}", markup=False)
     if stats["truncated"]:
         console.print(f"{stats['truncated']} output(s) reached --max-new-tokens {args.max_new_tokens}", markup=False)
     if args.out is not None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-HELP = "re-measure TPF and held-out reward on every saved checkpoint of a GRPO run and draw them versus step"
+HELP = ("re-measure TPF (greedy and sampled) and held-out reward on every saved checkpoint of a GRPO run, in the "
+        "run's dtype, and draw them versus step")
 
 OUT_NAME = "tpf_drift_checkpoints"  # OUT/tpf_drift_checkpoints.jsonl and .png
 
@@ -32,8 +33,10 @@ def run(args: argparse.Namespace) -> int:
         include_initial=not args.no_initial,
         on_checkpoint=lambda step, folder: console.print(f"step {step}: {folder}", markup=False))
     for r in records:
-        console.print(f"step {r['step']}: TPF {r['tpf']:.3f}, held-out reward {r['eval_reward']:.3f} on {r['n']} "
-                      f"prompts, AR-equal {r['ar_equal_rate']:.0%}", markup=False)
+        sampled = "-" if r["tpf_sampled"] is None else f"{r['tpf_sampled']:.3f}"
+        console.print(f"step {r['step']}: TPF {r['tpf']:.3f} greedy, {sampled} sampled; held-out reward of the "
+                      f"self-speculative output {r['eval_reward']:.3f} on {r['n']} prompts, AR-equal "
+                      f"{r['ar_equal_rate']:.0%}", markup=False)
     png = RunDir(args.out or args.run_dir).write_drift(records, OUT_NAME,
                                                        title=f"Saved checkpoints of {args.run_dir.name}")
     console.print(f"wrote {png.with_suffix('.jsonl')} and {png}", markup=False)

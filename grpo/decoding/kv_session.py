@@ -66,16 +66,21 @@ def base_model(model: Any) -> Any:
     return get_base() if callable(get_base) else model
 
 
+def check_attention(model: Any) -> None:
+    """Refuse attention kernels that ignore the decoders' float 4D masks."""
+    attention = getattr(model.config, "_attn_implementation", None) or "eager"
+    if attention not in ("eager", "sdpa"):
+        raise ValueError(f"the decoders pass float 4D attention masks, which need eager or sdpa attention; "
+                         f"the model uses {attention!r} (load it with attn_implementation='sdpa')")
+
+
 class Session:
     """One prompt's KV cache, with position bookkeeping and a forward counter."""
 
     def __init__(self, model: Any):
         from transformers import DynamicCache
 
-        attention = getattr(model.config, "_attn_implementation", None) or "eager"
-        if attention not in ("eager", "sdpa"):
-            raise ValueError(f"the decoders pass float 4D attention masks, which need eager or sdpa attention; "
-                             f"the model uses {attention!r} (load it with attn_implementation='sdpa')")
+        check_attention(model)
         self.model = model
         self.cache = DynamicCache(config=model.config)
         self.device = model.device

@@ -1,7 +1,8 @@
-"""Self-speculative decoding (SPEC §5, paper B.2) and its reference, plain AR greedy decoding.
+"""Self-speculative decoding (SPEC §5, paper B.2) and its reference, plain AR greedy decoding, at batch 1.
 
 Both run one prompt at a time with a KV cache (`grpo.decoding.kv_session.Session`) and greedy top-1, so under exact
-arithmetic they produce the same tokens.
+arithmetic they produce the same tokens. They are the references the batched decoders of `grpo.decoding.batched`
+(which `gravity-grpo tpf`, the probe and the rollouts use) are tested against, row by row.
 
 Example:
     >>> decoder = SelfSpecDecoder(model, mask_id=bd.mask_id, bd_size=32, stop_ids=stop_token_ids(model, tok))

@@ -1,29 +1,38 @@
 """Tokens per forward (TPF) of a joint checkpoint on a set of prompts (SPEC §5), by task and length bin.
 
-TPF = committed output tokens / (draft + verify forwards), prefill excluded, summed over the prompts
-(a ratio of sums). The GRPO trainer calls `measure_tpf` every N steps; the `gravity-grpo tpf` command wraps it.
+Two conventions, both ratios of sums over the prompts, both 1.0 for plain AR decoding:
+- `tpf` (this package's): output tokens after x0 / (draft + verify forwards). x0 comes from the prefill, so
+  neither the prefill's token nor its forward is counted; AR decoding commits one token per forward after it.
+- `tpf_bench` (GravityOCR's bench tool): the output's text re-tokenized (special tokens such as EOS dropped) /
+  every forward, the prefill included.
+The GRPO trainer calls `decode_rows` every N steps; the `gravity-grpo tpf` command wraps `measure_tpf`.
 
 Example:
     >>> ckpt = load_checkpoint("tiny", need_drafter=True)
-    >>> stats = measure_tpf(ckpt.model, ckpt.processor, rows, ckpt.bd, compare_ar=True)
+    >>> stats = measure_tpf(ckpt.model, ckpt.processor, rows, ckpt.bd, compare_ar=True, batch_size=16)
     >>> stats["tpf"], stats["accepted_per_round"], stats["by_task"]["table"]["tpf"]
 """
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, Mapping
+from typing import Any, Collection, Iterable, Mapping
 
+import torch
 from tqdm.auto import tqdm
 
 import rewards
 from grpo.checkpoint import BlockDiffusionConfig, CheckpointError, tokenizer_of
-from grpo.decoding.kv_session import stop_token_ids
+from grpo.decoding.batched import BatchARDecoder, BatchDecoder, Sampler
 from grpo.decoding.diffusion import diffusion_generate
+from grpo.decoding.kv_session import stop_token_ids
 from grpo.prompting import encode_prompt
 from rewards.settings import HELD_OUT, RewardSettings
-from grpo.decoding.selfspec import SelfSpecDecoder, ar_generate
 
 MODES = ("selfspec", "diffusion")
+CHUNK_BATCHES = 8  # prompts encoded and decoded together: this many batches' worth
+TPF_CONVENTION = {"tpf": "sum(tokens - 1) / sum(forwards): output tokens after x0 over draft + verify forwards",
+                  "tpf_bench": "sum(text_tokens) / sum(forwards + 1): re-tokenized text over every forward, "
+                               "prefill included (GravityOCR's bench)"}
 # Output-length bins of the paper's breakdown: (label, lower bound inclusive, upper bound exclusive).
 LENGTH_BINS = (("<128", 0, 128), ("128-511", 128, 512), ("512-1023", 512, 1024), (">=1024", 1024, None))
 
@@ -36,22 +45,37 @@ def length_bin(n_tokens: int) -> str:
     raise ValueError(f"negative length {n_tokens}")
 
 
+def tpf_of(records: Iterable[Mapping[str, Any]]) -> float | None:
+    """`tpf`: output tokens after x0 over draft + verify forwards, summed over `records` (None without forwards)."""
+    records = list(records)
+    forwards = sum(r["forwards"] for r in records)
+    return sum(r["tokens"] - 1 for r in records) / forwards if forwards else None
+
+
+def tpf_bench_of(records: Iterable[Mapping[str, Any]]) -> float | None:
+    """`tpf_bench`: re-tokenized text tokens over every forward, prefill included (GravityOCR's bench)."""
+    records = list(records)
+    if not records or any(r.get("text_tokens") is None for r in records):
+        return None
+    return sum(r["text_tokens"] for r in records) / sum(r["forwards"] + 1 for r in records)
+
+
 def summarize(records: list[dict]) -> dict:
     """Aggregate per-prompt records: ratios of sums, plus counts."""
-    tokens = sum(r["tokens"] for r in records)
-    forwards = sum(r["forwards"] for r in records)
     accepted = [a for r in records for a in r["accepted"]]
     compared = [r["ar_equal"] for r in records if r["ar_equal"] is not None]
     scored = [r for r in records if r.get("reward") is not None]
     return {
         "n": len(records),
-        "tpf": tokens / forwards if forwards else None,
+        "tpf": tpf_of(records),
+        "tpf_bench": tpf_bench_of(records),
         "accepted_per_round": sum(accepted) / len(accepted) if accepted else None,
         "ar_equal_rate": sum(compared) / len(compared) if compared else None,
+        "ar_compared": len(compared),
         "reward": sum(r["reward"] for r in scored) / len(scored) if scored else None,
         "exact_rate": sum(r["exact"] for r in scored) / len(scored) if scored else None,
-        "tokens": tokens,
-        "forwards": forwards,
+        "tokens": sum(r["tokens"] for r in records),
+        "forwards": sum(r["forwards"] for r in records),
         "rounds": sum(r["rounds"] for r in records),
         "truncated": sum(r["truncated"] for r in records),
         "wall_s": sum(r["wall_s"] for r in records),
@@ -69,66 +93,99 @@ def _grouped(records: list[dict], key: str, order: Iterable[str] = ()) -> dict:
 
 def decode_rows(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], bd: BlockDiffusionConfig | None, *,
                 indices: Iterable[int] | None = None, is_vlm: bool = False, bd_size: int | None = None,
-                max_new_tokens: int = 512, compare_ar: bool = False, mode: str = "selfspec", tau: float = 0.9,
-                score: bool = False, reward_settings: RewardSettings = HELD_OUT, progress: bool = True) -> list[dict]:
-    """Decode every row greedily with the drafter (`mode` "selfspec" or "diffusion" with threshold `tau`).
+                max_new_tokens: int = 512, compare_ar: bool | Collection[int] = False, mode: str = "selfspec",
+                tau: float = 0.9, score: bool = False, reward_settings: RewardSettings = HELD_OUT,
+                progress: bool = True, batch_size: int = 1,
+                temperature: float = 0.0, samples: int = 1, seed: int = 0) -> list[dict]:
+    """Decode every row with the drafter (`mode` "selfspec", or "diffusion" with threshold `tau`, batch 1).
 
-    Returns one record per row: `index` (from `indices`, default 0, 1, ...), `task`, `prompt_ids` (text-only
-    policies; None for images), `output_ids`, `tokens`, `forwards`, `rounds`, `accepted` (drafts committed
-    in each verified round, SPEC §5), `truncated` (stopped by `max_new_tokens`), `ar_equal` (None without
-    `compare_ar`), `reward` and `exact` (None without `score`: the GRPO reward of the output against the
-    row's `target`, read with `reward_settings`, default `rewards.settings.HELD_OUT`; in selfspec mode that is
-    AR greedy's reward), `length_bin`, `wall_s`.
-    The model's train/eval mode is restored afterwards.
+    Self-speculative decoding runs `batch_size` prompts at once: greedy at `temperature` 0 (outputs equal to
+    AR greedy in exact arithmetic), else exact speculative sampling, `samples` draws per prompt from one
+    generator seeded with `seed`. Returns one record per (row, sample): `index` (from `indices`, default
+    0, 1, ...), `sample`, `task`, `prompt_ids` (text-only policies; None for images), `output_ids`, `tokens`,
+    `text_tokens` (the output's text re-tokenized), `forwards` (draft + verify, prefill excluded), `rounds`,
+    `accepted` (drafts committed in each verified round, SPEC §5), `truncated` (stopped by
+    `max_new_tokens`), `ar_equal` (None unless compared: `compare_ar` True for every row, or a collection of
+    the indices to compare; AR greedy decoded at the same batch size), `reward` and `exact` (None without
+    `score`: the task reward of the decoded output against the row's `target`, read with
+    `reward_settings`, default `rewards.settings.HELD_OUT`), `length_bin`, `wall_s` (the
+    row's share of its batch's decode time). The model's train/eval mode is restored afterwards.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if bd is None:
         raise CheckpointError("measuring TPF needs the drafter: the checkpoint has no block_diffusion.json")
+    if batch_size < 1 or samples < 1:
+        raise ValueError(f"batch_size and samples must be >= 1, got {batch_size} and {samples}")
+    if mode == "diffusion" and (batch_size > 1 or temperature > 0 or samples > 1):
+        raise ValueError("diffusion mode decodes greedily at batch 1: leave batch_size, temperature and samples")
+    if temperature > 0 and compare_ar:
+        raise ValueError("AR equality is a greedy check: compare_ar needs temperature 0")
     size = bd_size or bd.bd_size
     tokenizer = tokenizer_of(processor)
     stops = stop_token_ids(model, tokenizer)
-    selfspec = SelfSpecDecoder(model, bd.mask_id, size, stops, max_new_tokens)
+    sampler = Sampler(temperature, torch.Generator().manual_seed(seed))
+    selfspec = BatchDecoder(model, bd.mask_id, size, stops, max_new_tokens, sampler)
     rows = list(rows)
     indices = list(range(len(rows)) if indices is None else indices)
+    if len(indices) != len(rows):
+        raise ValueError(f"{len(indices)} indices for {len(rows)} rows")
+    jobs = [(index, row, k) for index, row in zip(indices, rows) for k in range(samples)]
+    compared = set(indices) if compare_ar is True else set(compare_ar or ())
+    scoring = reward_settings if score else None
     records = []
     was_training = model.training
     model.eval()
     try:
-        for index, row in zip(indices, tqdm(rows, desc=f"TPF ({mode}, B={size})", disable=not progress), strict=True):
-            inputs = encode_prompt(processor, row, is_vlm)
-            start = time.perf_counter()
+        ar = BatchARDecoder(model, stops, max_new_tokens)
+        bar = tqdm(total=len(jobs), desc=f"TPF ({mode}, B={size}, batch {batch_size})", disable=not progress)
+        chunk = CHUNK_BATCHES * batch_size   # a finished row's place goes to the next prompt within a chunk
+        for start in range(0, len(jobs), chunk):
+            part = jobs[start:start + chunk]
+            inputs = [encode_prompt(processor, row, is_vlm) for _, row, _ in part]
+            begin = time.perf_counter()
             if mode == "selfspec":
-                result = selfspec.generate(inputs)
+                results = selfspec.generate(inputs, batch_size)
             else:
-                result = diffusion_generate(model, inputs, mask_id=bd.mask_id, bd_size=size, stop_ids=stops,
-                                            max_new_tokens=max_new_tokens, tau=tau)
-            wall = time.perf_counter() - start
-            ar_equal = None
-            if compare_ar:
-                ar_equal = ar_generate(model, inputs, stops, max_new_tokens).tokens == result.tokens
-            reward = exact = None
-            if score:
-                text = tokenizer.decode(result.tokens, skip_special_tokens=True)
-                reward = rewards.score(text, row["target"], row["task_type"], reward_settings).value
-                exact = text == row["target"]
-            records.append({
-                "index": index, "task": row.get("task_type", "unknown"),
-                "prompt_ids": None if is_vlm else inputs["input_ids"][0].tolist(), "output_ids": result.tokens,
-                "tokens": len(result.tokens), "forwards": result.forwards, "rounds": result.rounds,
-                "accepted": result.accepted, "truncated": result.tokens[-1] not in stops,
-                "ar_equal": ar_equal, "reward": reward, "exact": exact,
-                "length_bin": length_bin(len(result.tokens)), "wall_s": wall})
+                results = [diffusion_generate(model, x, mask_id=bd.mask_id, bd_size=size, stop_ids=stops,
+                                              max_new_tokens=max_new_tokens, tau=tau) for x in inputs]
+            wall = (time.perf_counter() - begin) / len(part)
+            check = [j for j, (index, _, _) in enumerate(part) if index in compared]
+            greedy = ar.generate([inputs[j] for j in check], batch_size) if check else []
+            ar_equal = {j: a.tokens == results[j].tokens for j, a in zip(check, greedy)}
+            for j, ((index, row, k), x, result) in enumerate(zip(part, inputs, results)):
+                records.append(_record(index, k, row, x, result, tokenizer, stops, is_vlm, scoring,
+                                       ar_equal.get(j), wall))
+            bar.update(len(part))
+        bar.close()
     finally:
         model.train(was_training)
     return records
 
 
+def _record(index: int, sample: int, row: Mapping[str, Any], inputs: dict, result: Any, tokenizer: Any,
+            stops: frozenset[int], is_vlm: bool, scoring: RewardSettings | None, ar_equal: bool | None,
+            wall: float) -> dict:
+    """One decoded (row, sample) as `decode_rows` documents it; scored with `scoring` unless None."""
+    text = tokenizer.decode(result.tokens, skip_special_tokens=True)
+    reward = exact = None
+    if scoring is not None:
+        reward = rewards.score(text, row["target"], row["task_type"], scoring).value
+        exact = text == row["target"]
+    return {
+        "index": index, "sample": sample, "task": row.get("task_type", "unknown"),
+        "prompt_ids": None if is_vlm else inputs["input_ids"][0].tolist(), "output_ids": result.tokens,
+        "tokens": len(result.tokens), "text_tokens": len(tokenizer.encode(text, add_special_tokens=False)),
+        "forwards": result.forwards, "rounds": result.rounds, "accepted": result.accepted,
+        "truncated": result.tokens[-1] not in stops, "ar_equal": ar_equal, "reward": reward, "exact": exact,
+        "length_bin": length_bin(len(result.tokens)), "wall_s": wall}
+
+
 def tpf_stats(records: list[dict], **settings: Any) -> dict:
-    """The overall summary of `records` (`tpf`, `accepted_per_round`, `ar_equal_rate`, `reward`, `exact_rate`,
-    `n`, `tokens`, `forwards`, `rounds`, `truncated`, `wall_s`), `by_task`, `by_length`, the records as
-    `rows` (by index), and `settings` (e.g. mode, bd_size) as they are."""
-    records = sorted(records, key=lambda r: r["index"])
+    """The overall summary of `records` (`tpf`, `tpf_bench`, `accepted_per_round`, `ar_equal_rate`,
+    `ar_compared`, `reward`, `exact_rate`, `n`, `tokens`, `forwards`, `rounds`, `truncated`, `wall_s`),
+    `by_task`, `by_length`, the records as `rows` (by index, then sample), and `settings` as they are."""
+    records = sorted(records, key=lambda r: (r["index"], r.get("sample", 0)))
     stats = summarize(records)
     stats.update(settings)
     stats.update(by_task=_grouped(records, "task"),
@@ -146,7 +203,9 @@ def measure_tpf(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
     """
     records = decode_rows(model, processor, rows, bd, bd_size=bd_size, max_new_tokens=max_new_tokens, mode=mode,
                           tau=tau, **options)
-    settings = {"mode": mode, "bd_size": bd_size or bd.bd_size, "max_new_tokens": max_new_tokens}
+    settings = {"mode": mode, "bd_size": bd_size or bd.bd_size, "max_new_tokens": max_new_tokens,
+                "batch_size": options.get("batch_size", 1), "temperature": options.get("temperature", 0.0),
+                "samples": options.get("samples", 1), "tpf_convention": TPF_CONVENTION}
     if mode == "diffusion":
         settings["tau"] = tau
     return tpf_stats(records, **settings)

@@ -28,7 +28,8 @@ from rewards.settings import RewardSettings
 from rewards.table import TABLE_BONUS
 
 TPF_FLOOR_ACTIONS = ("warn", "stop")
-COMPARE_AR = ("always", "first", "never")
+COMPARE_AR = ("always", "first", "never", "sample")
+ROLLOUT_DECODERS = ("hf", "selfspec")
 # ModelConfig fields this package does not read (`model` names the checkpoint, loaded in float32; QLoRA's
 # quantization is `grpo.training.trainer.qlora_quantization_config`): not config keys.
 UNUSED_MODEL_FIELDS = frozenset({"model_name_or_path", "model_revision", "dtype", "attn_implementation", "load_in_8bit",
@@ -76,8 +77,9 @@ class GravityGRPOConfig(GRPOConfig):
         "help": "Output cap per probe prompt, in tokens."})
     tpf_compare_ar: Literal[COMPARE_AR] = field(default="always", metadata={
         "help": "When the probe also decodes AR greedy and logs the share of identical outputs "
-                "(`tpf/ar_equal_rate`): 'always', 'first' (step 0 only) or 'never'. AR greedy costs about TPF "
-                "times the self-speculative decode."})
+                "(`tpf/ar_equal_rate`): 'always', 'first' (step 0 only), 'never', or 'sample' (every probe, on a "
+                "fixed sample of `tpf_compare_ar_k` prompts). AR greedy costs about TPF times the self-speculative "
+                "decode."})
     tpf_floor: float | None = field(default=None, metadata={
         "help": "Relative TPF drop from the step-0 value that triggers `tpf_floor_action` "
                 "(0.1: act when TPF < 0.9 x the step-0 TPF). None: never."})
@@ -106,6 +108,19 @@ class GravityGRPOConfig(GRPOConfig):
     vllm_enforce_eager: bool = field(default=False, metadata={
         "help": "Start the colocated vLLM engine on CUDA without CUDA graphs: a faster start, slower decoding "
                 "(short checks). CPU engines always run eager."})
+    # --- issue 18 (batched / sampled self-speculative probe) and issue 19 item 4 (what the probe checked) ---
+    tpf_batch_size: int = field(default=1, metadata={
+        "help": "Probe prompts decoded at once by the batched self-speculative decoder (greedy outputs and "
+                "forward counts are those of batch 1)."})
+    tpf_compare_ar_k: int = field(default=8, metadata={
+        "help": "With tpf_compare_ar 'sample': how many probe prompts (a fixed sample) every probe compares with "
+                "AR greedy."})
+    tpf_samples: int = field(default=1, metadata={
+        "help": "Self-speculative samples per probe prompt at the rollout `temperature`, for `tpf/sampled` beside "
+                "the greedy TPF; 0 skips sampled decoding."})
+    rollout_decoder: str = field(default="hf", metadata={
+        "help": "How rollouts are sampled when use_vllm is false: 'hf' (TRL's transformers generate) or "
+                "'selfspec' (exact self-speculative sampling at `temperature`, text policies, no top-k/top-p)."})
     model_args: GravityModelConfig = field(default_factory=GravityModelConfig, init=False, repr=False)
 
     def __post_init__(self):
@@ -138,6 +153,17 @@ class GravityGRPOConfig(GRPOConfig):
                 raise ConfigError("tpf_floor needs the TPF probe: set tpf_every > 0, or remove tpf_floor")
         if self.tpf_floor_action == "stop" and self.tpf_floor is None:
             raise ConfigError("tpf_floor_action 'stop' needs tpf_floor (e.g. 0.1)")
+        if self.tpf_batch_size < 1 or self.tpf_compare_ar_k < 1 or self.tpf_samples < 0:
+            raise ConfigError(f"tpf_batch_size and tpf_compare_ar_k must be >= 1 and tpf_samples >= 0, got "
+                              f"{self.tpf_batch_size}, {self.tpf_compare_ar_k} and {self.tpf_samples}")
+        if self.rollout_decoder not in ROLLOUT_DECODERS:
+            raise ConfigError(f"rollout_decoder must be one of {ROLLOUT_DECODERS}, got {self.rollout_decoder!r}")
+        if self.rollout_decoder == "selfspec":
+            if self.use_vllm:
+                raise ConfigError("rollout_decoder 'selfspec' replaces TRL's HF generation: set use_vllm: false")
+            if self.top_k or self.top_p < 1 or self.min_p or self.repetition_penalty != 1 or self.temperature <= 0:
+                raise ConfigError("rollout_decoder 'selfspec' samples exactly at temperature > 0 with no top_k, "
+                                  "top_p, min_p or repetition_penalty: leave those at their defaults")
         if self.drafter_loss_weight < 0:
             raise ConfigError(f"drafter_loss_weight must be >= 0 (0 turns the drafter loss off), "
                               f"got {self.drafter_loss_weight}")
@@ -149,8 +175,8 @@ class GravityGRPOConfig(GRPOConfig):
 
     @property
     def needs_drafter(self) -> bool:
-        """Whether the run uses the block-diffusion drafter: the TPF probe or the drafter loss."""
-        return needs_drafter(self.tpf_every, self.drafter_loss_weight)
+        """Whether the run uses the block-diffusion drafter: the TPF probe, the drafter loss or selfspec rollouts."""
+        return needs_drafter(self.tpf_every, self.drafter_loss_weight, self.rollout_decoder)
 
     @property
     def on_cpu(self) -> bool:
@@ -160,8 +186,14 @@ class GravityGRPOConfig(GRPOConfig):
         return on_cpu(self.use_cpu)
 
     def compares_ar_at(self, step: int) -> bool:
-        """Whether the TPF probe at `step` also decodes AR greedy (`tpf_compare_ar`)."""
-        return self.tpf_compare_ar == "always" or (self.tpf_compare_ar == "first" and step == 0)
+        """Whether the TPF probe at `step` also decodes AR greedy (`tpf_compare_ar`; 'sample': some prompts)."""
+        return self.tpf_compare_ar in ("always", "sample") or (self.tpf_compare_ar == "first" and step == 0)
+
+    def ar_compared_prompts(self, step: int, n: int) -> int:
+        """How many of `n` probe prompts the probe at `step` compares with AR greedy."""
+        if not self.compares_ar_at(step):
+            return 0
+        return min(n, self.tpf_compare_ar_k) if self.tpf_compare_ar == "sample" else n
 
     def to_dict(self) -> dict[str, Any]:
         """TRL's dict of the config plus the LoRA/quantization keys of `model_args`, so a run's saved config
@@ -176,9 +208,10 @@ class GravityGRPOConfig(GRPOConfig):
         return get_peft_config(self.model_args)
 
 
-def needs_drafter(tpf_every: int, drafter_loss_weight: float) -> bool:
-    """A run needs the drafter for the TPF probe (`tpf_every` > 0) or the drafter loss (weight > 0)."""
-    return tpf_every > 0 or drafter_loss_weight > 0
+def needs_drafter(tpf_every: int, drafter_loss_weight: float, rollout_decoder: str = "hf") -> bool:
+    """A run needs the drafter for the TPF probe (`tpf_every` > 0), the drafter loss (weight > 0) or
+    self-speculative rollouts (`rollout_decoder` 'selfspec')."""
+    return tpf_every > 0 or drafter_loss_weight > 0 or rollout_decoder == "selfspec"
 
 
 @functools.cache

@@ -1,8 +1,9 @@
 """TPF and held-out reward across GRPO steps: the probe's logged metrics, the drift records read back from
 a log history, re-measuring a finished run's checkpoints, and the paired before/after comparison.
 
-The probe's self-speculative outputs equal AR greedy, so scoring them against their targets is a held-out
-greedy evaluation (SPEC §7): `eval/reward`, `eval/<task>/reward`, `eval/exact` ride beside `tpf/*`.
+The probe scores its greedy self-speculative outputs against their targets, a held-out evaluation of what was
+decoded (SPEC §7: equal to AR greedy where `tpf/ar_equal_rate` says so): `eval/reward`, `eval/<task>/reward`,
+`eval/exact` ride beside `tpf/*`; `tpf/sampled` and `tpf_sampled/<task>` are TPF at the rollout temperature.
 
 Example:
     >>> records = drift_records(RunDir("runs/demo").read_metrics())          # doctest: +SKIP
@@ -21,25 +22,33 @@ from grpo.training.run_dir import RunDir
 BOOTSTRAP_SAMPLES = 10_000  # resamples of the paired differences for the 95% interval
 
 
-def probe_metrics(stats: dict, ranks: int = 1) -> dict[str, float]:
-    """The logged `tpf/*` and `eval/*` metrics of one `grpo.decoding.tpf.tpf_stats` result (None left out)."""
-    metrics = {"tpf/mean": stats["tpf"], "tpf/accepted_per_round": stats["accepted_per_round"],
-               "tpf/ar_equal_rate": stats["ar_equal_rate"], "tpf/truncated": stats["truncated"],
+def probe_metrics(stats: dict, ranks: int = 1, sampled: dict | None = None) -> dict[str, float]:
+    """The logged `tpf/*` and `eval/*` metrics of one greedy `grpo.decoding.tpf.tpf_stats` result, and
+    `tpf/sampled`, `tpf_sampled/<task>` of a sampled one (None left out)."""
+    metrics = {"tpf/mean": stats["tpf"], "tpf/bench": stats.get("tpf_bench"),
+               "tpf/accepted_per_round": stats["accepted_per_round"],
+               "tpf/ar_equal_rate": stats["ar_equal_rate"], "tpf/ar_compared": stats.get("ar_compared"),
+               "tpf/truncated": stats["truncated"],
                "tpf/n": stats["n"], "tpf/ranks": ranks,
                "eval/reward": stats["reward"], "eval/exact": stats["exact_rate"]}
     for task, s in stats["by_task"].items():
         metrics[f"tpf/{task}"] = s["tpf"]
         metrics[f"eval/{task}/reward"] = s["reward"]
+    if sampled is not None:
+        metrics["tpf/sampled"] = sampled["tpf"]
+        metrics.update({f"tpf_sampled/{task}": s["tpf"] for task, s in sampled["by_task"].items()})
     return {k: float(v) for k, v in metrics.items() if v is not None}
 
 
-_NOT_TASKS = {"mean", "accepted_per_round", "ar_equal_rate", "truncated", "n", "ranks"}
+_NOT_TASKS = {"mean", "bench", "sampled", "accepted_per_round", "ar_equal_rate", "ar_compared", "truncated", "n",
+              "ranks"}
 
 
 def drift_records(log_history: list[dict]) -> list[dict]:
     """One record per probe in a trainer log history.
 
-    Keys: `step`, `tpf`, `tpf_by_task`, `accepted_per_round`, `ar_equal_rate`, `eval_reward`,
+    Keys: `step`, `tpf`, `tpf_by_task`, `tpf_bench`, `tpf_sampled`, `tpf_sampled_by_task`,
+    `accepted_per_round`, `ar_equal_rate`, `ar_compared`, `eval_reward` (of the self-speculative output),
     `eval_reward_by_task`, `eval_exact`, `n` (probe prompts), `ranks` (processes that decoded a shard),
     `truncated`, and `reward`: the training reward of the last logged step (None before the first).
     """
@@ -53,8 +62,11 @@ def drift_records(log_history: list[dict]) -> list[dict]:
         records.append({
             "step": entry["step"], "tpf": entry["tpf/mean"],
             "tpf_by_task": {t: entry[f"tpf/{t}"] for t in sorted(tasks)},
+            "tpf_bench": entry.get("tpf/bench"), "tpf_sampled": entry.get("tpf/sampled"),
+            "tpf_sampled_by_task": {k.split("/")[1]: v for k, v in sorted(entry.items())
+                                    if k.startswith("tpf_sampled/")},
             "accepted_per_round": entry.get("tpf/accepted_per_round"),
-            "ar_equal_rate": entry.get("tpf/ar_equal_rate"),
+            "ar_equal_rate": entry.get("tpf/ar_equal_rate"), "ar_compared": _int(entry.get("tpf/ar_compared")),
             "eval_reward": entry.get("eval/reward"),
             "eval_reward_by_task": {t: entry[f"eval/{t}/reward"] for t in sorted(tasks)
                                     if f"eval/{t}/reward" in entry},
@@ -73,18 +85,29 @@ def reward_points(log_history: list[dict], key: str = "reward") -> list[tuple[in
     return [(e["step"], e[key]) for e in log_history if e.get(key) is not None]
 
 
-def load_run_policy(folder: str | Path, base: str | None):
-    """A saved checkpoint of a run as a joint checkpoint; LoRA checkpoints are merged into `base`."""
+def run_dtype(config: dict):
+    """The torch dtype a run trained in, from its `run_config.json` (`bf16`, `fp16`, else fp32)."""
+    import torch
+
+    return torch.bfloat16 if config.get("bf16") else torch.float16 if config.get("fp16") else torch.float32
+
+
+def load_run_policy(folder: str | Path, base: str | None, dtype=None):
+    """A saved checkpoint of a run as a joint checkpoint (fp32 unless `dtype`); LoRA checkpoints are merged
+    into `base`."""
+    import torch
+
     from grpo.checkpoint import CheckpointError, load_checkpoint
 
     folder = Path(folder)
+    dtype = dtype or torch.float32
     if not (folder / "adapter_config.json").is_file():
-        return load_checkpoint(folder, need_drafter=True)
+        return load_checkpoint(folder, need_drafter=True, dtype=dtype)
     if base is None:
         raise CheckpointError(f"{folder} holds LoRA adapters, and the run names no base model (no run_config.json)")
     from peft import PeftModel
 
-    ckpt = load_checkpoint(base, need_drafter=True)
+    ckpt = load_checkpoint(base, need_drafter=True, dtype=dtype)
     ckpt.model = PeftModel.from_pretrained(ckpt.model, folder).merge_and_unload().eval()
     return ckpt
 
@@ -94,8 +117,10 @@ def remeasure_checkpoints(run: RunDir, *, probe_set: str | None = None, probe_si
                           on_checkpoint: Callable[[int, Path], None] = lambda step, folder: None) -> list[dict]:
     """TPF and held-out reward of every saved checkpoint of `run` (and of its starting model), as drift records.
 
-    The probe settings default to the run's own (`run_config.json`). Records carry the training reward of
-    their step from the run's metrics, as the live probe's do.
+    The probe settings default to the run's own (`run_config.json`), and so does the dtype: a bf16 run is
+    re-measured in bf16, comparable with its live probe. Every prompt is compared with AR greedy, and TPF at
+    the run's `temperature` is measured beside greedy. Records carry the training reward of their step from the
+    run's metrics, as the live probe's do.
     """
     from data.pool import load_pool
     from grpo.decoding.tpf import measure_tpf
@@ -118,12 +143,17 @@ def remeasure_checkpoints(run: RunDir, *, probe_set: str | None = None, probe_si
     history = run.read_metrics()
     # the run's rewards first (a step's reward precedes its probe), then one entry per measured checkpoint
     entries = [{"step": e["step"], "reward": e["reward"]} for e in history if "reward" in e]
+    batch = config.get("tpf_batch_size", 1)
     for step, folder in points:
         on_checkpoint(step, Path(folder))
-        ckpt = load_run_policy(folder, config.get("model"))
-        stats = measure_tpf(ckpt.model, ckpt.processor, rows, ckpt.bd, is_vlm=ckpt.is_vlm, max_new_tokens=max_new,
-                            compare_ar=True, score=True, progress=False)
-        entries.append({"step": step, **probe_metrics(stats)})
+        ckpt = load_run_policy(folder, config.get("model"), run_dtype(config))
+        common = dict(is_vlm=ckpt.is_vlm, max_new_tokens=max_new, batch_size=batch, progress=False)
+        stats = measure_tpf(ckpt.model, ckpt.processor, rows, ckpt.bd, compare_ar=True, score=True, **common)
+        sampled = None
+        if config.get("tpf_samples", 1):
+            sampled = measure_tpf(ckpt.model, ckpt.processor, rows, ckpt.bd, temperature=config.get("temperature", 1.0),
+                                  samples=config.get("tpf_samples", 1), seed=step, **common)
+        entries.append({"step": step, **probe_metrics(stats, sampled=sampled)})
     return drift_records(entries)
 
 
@@ -153,11 +183,10 @@ def held_out_change(run: RunDir) -> dict[str, Any] | None:
     for i in common:
         groups.setdefault(before[i]["task"], []).append(i)
 
-    def tpf(rows):
-        return sum(r["tokens"] for r in rows) / max(1, sum(r["forwards"] for r in rows))
+    from grpo.decoding.tpf import tpf_of
 
     change = {"steps": (first["step"], last["step"])}
     for name, indices in groups.items():
         change[name] = paired_interval([before[i]["reward"] for i in indices], [after[i]["reward"] for i in indices])
-        change[name]["tpf"] = (tpf([before[i] for i in indices]), tpf([after[i] for i in indices]))
+        change[name]["tpf"] = (tpf_of(before[i] for i in indices), tpf_of(after[i] for i in indices))
     return change

@@ -1,5 +1,5 @@
-"""Plots of a GRPO run: the drafter's TPF and the held-out greedy reward versus step, and the training
-reward curves.
+"""Plots of a GRPO run: the drafter's TPF (greedy and sampled) and the held-out reward of the probe's
+self-speculative output versus step, and the training reward curves.
 
 `plot_drift` is the one drift plot, drawn by the TPF probe during training and by `gravity-grpo tpf-drift`
 after it. Both take plain records, so they work on a live run and on a finished one.
@@ -25,10 +25,12 @@ def running_mean(points: Sequence[tuple[int, float]], window: int = SMOOTH_STEPS
 
 def plot_drift(records: Sequence[dict], path: str | Path,
                title: str = "Drafter agreement and held-out reward across GRPO steps") -> Path:
-    """Draw TPF (overall and per task) and the held-out greedy reward (overall and per task) versus step.
+    """Draw greedy TPF and TPF sampled at the rollout temperature (overall and per task), and the held-out reward
+    of the self-speculative output (overall and per task), versus step.
 
-    `records`: one dict per probe with `step`, `tpf` and optionally `tpf_by_task`, `eval_reward` and
-    `eval_reward_by_task` ({task: value}), as `grpo.training.drift.drift_records` makes them.
+    `records`: one dict per probe with `step`, `tpf` and optionally `tpf_by_task`, `tpf_sampled`,
+    `tpf_sampled_by_task`, `eval_reward` and `eval_reward_by_task` ({task: value}), as
+    `grpo.training.drift.drift_records` makes them.
     """
     import matplotlib
 
@@ -37,14 +39,15 @@ def plot_drift(records: Sequence[dict], path: str | Path,
 
     records = sorted(records, key=lambda r: r["step"])
     fig, ax = plt.subplots(figsize=(7, 4.6))
-    _lines(ax, records, "tpf", "tpf_by_task", "TPF", "tab:blue")
+    _lines(ax, records, "tpf", "tpf_by_task", "TPF greedy", "tab:blue")
+    _lines(ax, records, "tpf_sampled", "tpf_sampled_by_task", "TPF sampled", "tab:green")
     ax.set_xlabel("GRPO step")
     ax.set_ylabel("tokens per forward")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     twin = ax.twinx()
     _lines(twin, records, "eval_reward", "eval_reward_by_task", "held-out reward", "tab:red")
-    twin.set_ylabel("held-out greedy reward")
+    twin.set_ylabel("held-out reward (self-speculative greedy output)")
     twin.set_ylim(top=1.02)  # rewards lie in [0, 1]; the lower end follows the data
     handles, labels = ax.get_legend_handles_labels()
     more_handles, more_labels = twin.get_legend_handles_labels()

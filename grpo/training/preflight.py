@@ -119,18 +119,23 @@ def batch_facts(cfg: Any, num_processes: int, pool_rows: int | None) -> dict[str
 
 def probe_facts(cfg: Any, num_processes: int, tpf: float = ASSUMED_TPF) -> dict[str, str]:
     """Forwards per TPF probe, upper bound (every output runs to `tpf_max_new_tokens`) at `tpf` tokens per
-    forward; a probe that also checks AR greedy (`tpf_compare_ar`) adds one forward per token."""
+    forward: greedy self-spec, sampled self-spec (`tpf_samples` per prompt), and one forward per token of the
+    prompts compared with AR greedy (`tpf_compare_ar`); batched forwards decode `tpf_batch_size` rows each."""
     if cfg.tpf_every <= 0:
         return {"TPF probe": "off (tpf_every 0)"}
     tokens = cfg.probe_size * cfg.tpf_max_new_tokens
-    selfspec = math.ceil(tokens / tpf)
-    first, later = (selfspec + (tokens if cfg.compares_ar_at(step) else 0) for step in (0, cfg.tpf_every))
+    selfspec = math.ceil(tokens / tpf) * (1 + cfg.tpf_samples)
+    first, later = (selfspec + cfg.ar_compared_prompts(step, cfg.probe_size) * cfg.tpf_max_new_tokens
+                    for step in (0, cfg.tpf_every))
     probes = 1 + cfg.max_steps // cfg.tpf_every + (1 if cfg.max_steps % cfg.tpf_every else 0)
+    rows = min(cfg.tpf_batch_size, math.ceil(cfg.probe_size / num_processes))  # a rank's shard fills no more
+    batched = math.ceil(later / num_processes / rows)
     return {"TPF probe cost": (f"<= {first:,} batch-1 forwards at step 0 and {later:,} per later probe "
                                f"({cfg.probe_size} prompts x {cfg.tpf_max_new_tokens} tokens / TPF {tpf}, the "
-                               f"paper's at B = 32, = {selfspec:,} self-spec, + {tokens:,} where AR greedy is "
-                               f"compared: tpf_compare_ar {cfg.tpf_compare_ar}), ~{math.ceil(later / num_processes):,} "
-                               f"per rank if sharded over {num_processes}; {probes} probes in {cfg.max_steps} steps")}
+                               f"paper's at B = 32, greedy + {cfg.tpf_samples} sampled = {selfspec:,} self-spec, + "
+                               f"one per token where AR greedy is compared: tpf_compare_ar {cfg.tpf_compare_ar}), "
+                               f"~{batched:,} batched forwards per rank ({rows} row(s) per forward: tpf_batch_size "
+                               f"{cfg.tpf_batch_size}, {cfg.probe_size} prompts over {num_processes}); {probes} probes in {cfg.max_steps} steps")}
 
 
 def _field_default(name: str) -> Any:
@@ -237,10 +242,13 @@ def check_engine(cfg: Any, is_vlm: bool | None, on_cpu: bool, report: PreflightR
 
 
 def check_training(cfg: Any, is_vlm: bool | None, on_cpu: bool, report: PreflightReport) -> None:
-    """What the training code supports: QLoRA only on CUDA, the drafter loss only on text checkpoints."""
+    """What the training code supports: QLoRA only on CUDA, the drafter loss and self-speculative rollouts only
+    on text checkpoints."""
     if cfg.model_args.load_in_4bit and on_cpu:
         report.problems.append("training: load_in_4bit (QLoRA) needs CUDA: bitsandbytes' 4-bit layers run on "
                                "GPUs; drop load_in_4bit to train LoRA on full-precision weights here")
+    if is_vlm and cfg.rollout_decoder == "selfspec":
+        report.problems.append("training: rollout_decoder 'selfspec' decodes text policies only; set it to 'hf'")
     if is_vlm and cfg.drafter_loss_weight > 0:
         report.problems.append("training: drafter_loss_weight > 0 is implemented for text checkpoints only "
                                "(grpo.joint.streams builds 1-D positions and no image inputs); set it to 0")
@@ -283,7 +291,8 @@ def check_run(cfg: Any, num_processes: int, *, local_hardware: bool = True, acce
 
     report = report if report is not None else PreflightReport()
     get = get or (lambda name: getattr(cfg, name))
-    is_vlm = check_checkpoint(str(get("model")), needs_drafter(get("tpf_every"), get("drafter_loss_weight")), report)
+    drafter = needs_drafter(get("tpf_every"), get("drafter_loss_weight"), get("rollout_decoder"))
+    is_vlm = check_checkpoint(str(get("model")), drafter, report)
     pool_rows = check_pool(str(get("pool")), is_vlm, report, skip_bad=get("skip_bad"))
     if get("tpf_every") > 0:
         check_pool(str(get("probe_set")), is_vlm, report, label="probe set")

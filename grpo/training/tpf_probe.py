@@ -1,16 +1,22 @@
 """The TPF probe: does the block-diffusion drafter still agree with the AR path, and did the greedy policy
 get better, while GRPO trains the shared weights?
 
-At step 0, every `tpf_every` optimizer steps and at the last step, the self-speculative decoder runs on a
-fixed probe set with the current weights (LoRA adapters included), and its outputs (equal to AR greedy) are
-scored against their targets. Every process decodes its shard of the probe (rows i, i + W, ...), the
+At step 0, every `tpf_every` optimizer steps and at the last step, the greedy self-speculative decoder runs on
+a fixed probe set with the current weights (LoRA adapters included), `tpf_batch_size` prompts at once, and
+its outputs are scored against their targets: the held-out reward is the self-speculative output's. That
+output equals AR greedy in exact arithmetic; in bf16 it can differ, and `tpf/ar_equal_rate` says on how many
+of the prompts compared (`tpf/ar_compared`) it did not. With `tpf_samples`, the probe also samples at the
+rollout `temperature` (exact self-speculative sampling) and logs `tpf/sampled` and `tpf_sampled/<task>`:
+what self-speculative rollouts would save, and how RL moves it.
+Every process decodes its shard of the probe (rows i, i + W, ...), the
 records are gathered, and every process logs the same metrics (`grpo.training.drift.probe_metrics`), so
 they live in the trainer's log history and in every checkpoint's `trainer_state.json`; the main process
 redraws `tpf_drift.jsonl` / `tpf_drift.png` from that history (so the history survives `--resume`) and
 keeps the per-prompt records in `probe_rows.jsonl`.
 
 `tpf_compare_ar` chooses when the probe also decodes AR greedy to check equality (it costs about TPF times
-the self-speculative decode): `always`, `first` (step 0 only) or `never`. `tpf_max_new_tokens` is the
+the self-speculative decode): `always`, `first` (step 0 only), `never`, or `sample` (every probe, on the same
+`tpf_compare_ar_k` prompts, a seeded sample of the probe set). `tpf_max_new_tokens` is the
 per-prompt token budget; outputs that reach it are counted (`tpf/truncated`) and logged.
 
 `tpf_floor` guards the drafter: a TPF below (1 - tpf_floor) x the step-0 TPF logs a warning, or with
@@ -19,6 +25,7 @@ per-prompt token budget; outputs that reach it are counted (`tpf/truncated`) and
 from __future__ import annotations
 
 import logging
+import random
 import time
 from typing import Any
 
@@ -29,6 +36,7 @@ from grpo.training.run_dir import RunDir
 from rewards.settings import HELD_OUT, RewardSettings
 
 log = logging.getLogger(__name__)
+COMPARE_SEED = 0  # seeds the fixed prompt sample that `tpf_compare_ar: sample` compares
 
 
 class TpfProbeCallback(TrainerCallback):
@@ -77,41 +85,58 @@ class TpfProbeCallback(TrainerCallback):
 
         trainer = self.trainer
         rank, world = trainer.accelerator.process_index, trainer.accelerator.num_processes
-        compare_ar = args.compares_ar_at(state.global_step)
+        compared = self._compared(args, state.global_step)
         start = time.perf_counter()
-        records, error = [], None
+        records, sampled, error = [], [], None
+        indices = range(rank, len(self.rows), world)
+        common = dict(indices=indices, is_vlm=self.is_vlm, max_new_tokens=args.tpf_max_new_tokens,
+                      batch_size=args.tpf_batch_size, progress=False)
         with trainer.timed("tpf_probe"), unwrap_model_for_generation(
                 trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=args.ds3_gather_for_generation,
                 gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs) as model:
             try:
-                records = decode_rows(model, trainer.processing_class, self.rows[rank::world], self.bd,
-                                      indices=range(rank, len(self.rows), world), is_vlm=self.is_vlm,
-                                      max_new_tokens=args.tpf_max_new_tokens, compare_ar=compare_ar, score=True,
-                                      reward_settings=self.reward_settings, progress=False)
+                shard = self.rows[rank::world]
+                records = decode_rows(model, trainer.processing_class, shard, self.bd, compare_ar=compared,
+                                      score=True,
+                                      reward_settings=self.reward_settings, **common)
+                if args.tpf_samples:
+                    sampled = decode_rows(model, trainer.processing_class, shard, self.bd,
+                                          temperature=args.temperature, samples=args.tpf_samples,
+                                          seed=state.global_step, **common)
             except Exception as err:  # noqa: BLE001 - every rank must reach the gather, or the others hang
                 error = f"rank {rank}: {err!r}"
-            shards = gather_object([(rank, error, records)])
+            shards = gather_object([(rank, error, (records, sampled))])
         errors = [e for _, e, _ in shards if e]
         if errors:
             raise RuntimeError(f"TPF probe at step {state.global_step} failed on " + "; ".join(errors))
-        records = [r for _, _, shard in shards for r in shard]
+        records = [r for _, _, (shard, _) in shards for r in shard]
         stats = tpf_stats(records)
-        ranks = sum(1 for _, _, shard in shards if shard)
+        sampled = [r for _, _, (_, shard) in shards for r in shard]
+        ranks = sum(1 for _, _, (shard, _) in shards if shard)
         if state.is_world_process_zero:
             RunDir(args.output_dir).write_probe_rows(state.global_step, _compact(stats["rows"]))
         if stats["truncated"] and state.is_world_process_zero:
             log.warning("TPF probe at step %d: %d of %d outputs reached tpf_max_new_tokens (%d)", state.global_step,
                         stats["truncated"], stats["n"], args.tpf_max_new_tokens)
-        metrics = probe_metrics(stats, ranks=ranks)
+        metrics = probe_metrics(stats, ranks=ranks, sampled=tpf_stats(sampled) if sampled else None)
         if not state.is_world_process_zero:  # every process holds the same figures; one reports them
             return metrics
         if "tpf/mean" not in metrics:  # no draft/verify forward at all: every output ended at its first token
             log.warning("TPF probe at step %d: no forwards to count (every output was one token)", state.global_step)
         else:
-            log.info("TPF probe at step %d: %.3f tokens/forward, held-out reward %.3f on %d prompts over %d "
-                     "process(es) (%.1f s)", state.global_step, metrics["tpf/mean"], metrics["eval/reward"],
-                     stats["n"], ranks, time.perf_counter() - start)
+            log.info("TPF probe at step %d: %.3f tokens/forward greedy, %s sampled at T=%g; held-out reward of "
+                     "the self-speculative output %.3f on %d prompts over %d process(es); AR-equal %s of %d "
+                     "compared (%.1f s)", state.global_step, metrics["tpf/mean"],
+                     _fmt(metrics.get("tpf/sampled")), args.temperature, metrics["eval/reward"], stats["n"], ranks,
+                     _fmt(metrics.get("tpf/ar_equal_rate"), ".0%"), stats["ar_compared"], time.perf_counter() - start)
         return metrics
+
+    def _compared(self, args, step: int) -> bool | list[int]:
+        """What the probe at `step` compares with AR greedy: every prompt, none, or the fixed sample's indices."""
+        if args.tpf_compare_ar != "sample":
+            return args.compares_ar_at(step)
+        k = args.ar_compared_prompts(step, len(self.rows))
+        return sorted(random.Random(COMPARE_SEED).sample(range(len(self.rows)), k))
 
     def _check_floor(self, args, control, records: list[dict]) -> None:
         if args.tpf_floor is None or len(records) < 2:
@@ -129,6 +154,10 @@ class TpfProbeCallback(TrainerCallback):
             self.stopped_at = current["step"]
         else:
             log.warning(message)
+
+
+def _fmt(value: float | None, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
 
 
 _ROW_KEYS = ("index", "task", "tokens", "forwards", "rounds", "accepted", "truncated", "ar_equal", "reward", "exact")

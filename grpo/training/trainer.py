@@ -101,6 +101,14 @@ class GravityGRPOTrainer(GRPOTrainer):
             vlm_rollouts.install(self.vllm_generation, self.processing_class.image_token_id,
                                  reset_encoder_cache=not cpu)
 
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, **kwargs):
+        """TRL's rollout generation, or with `rollout_decoder: selfspec` the self-speculative sampler (text)."""
+        if self.args.rollout_decoder != "selfspec":
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, **kwargs)
+        from grpo.decoding.rollouts import selfspec_rollouts
+
+        return selfspec_rollouts(self, prompt_ids), None
+
     def sync_engine_weights(self) -> None:
         """Push the current policy weights into the colocated vLLM engine (CPU path)."""
         from peft import PeftModel
