@@ -65,6 +65,17 @@ def _cpu_engine_settings(model: Any, args: Any):
         vllm_generation.LLM = original
 
 
+def _engine_readable(model: Any) -> Any:
+    """`model` (a folder or a loaded model) with the folder TRL hands its vLLM engine made glob-safe."""
+    from grpo.paths import glob_safe
+
+    if isinstance(model, str):
+        return glob_safe(model)
+    if getattr(model, "name_or_path", None):
+        model.name_or_path = glob_safe(model.name_or_path)  # what TRL passes to `LLM(model=...)`
+    return model
+
+
 class GravityGRPOTrainer(GRPOTrainer):
     """`GRPOTrainer` whose colocated vLLM engine also works on CPU, and which times its phases.
 
@@ -83,6 +94,8 @@ class GravityGRPOTrainer(GRPOTrainer):
         self._raw_seconds: dict[str, float] = defaultdict(float)
         self._next_log: dict[str, float] = {}
         self._entries_written = -1  # log entries in OUTPUT/metrics.jsonl; -1: not written by this process yet
+        if getattr(args, "use_vllm", False):
+            model = _engine_readable(model)
         with _cpu_engine_settings(model, args):
             super().__init__(model, reward_funcs, args, **kwargs)
         if self.use_vllm and self.vllm_mode == "colocate" and self.accelerator.device.type == "cpu":
