@@ -28,7 +28,7 @@ from trl import GRPOTrainer
 
 from grpo.training import drafter_loss as dl
 from grpo.training.config import ConfigError, GravityGRPOConfig
-from grpo.training.run_dir import REWARD_PNG, RunDir
+from grpo.training.run_dir import DRIFT_PNG, METRICS_JSONL, REWARD_PNG, WALL_TIME, RunDir
 
 # Phases of the wall-time split, in the order they are reported.
 PHASES = ("generation", "reward", "logprobs", "backward", "drafter", "tpf_probe", "other")
@@ -314,8 +314,8 @@ def run_training(config: GravityGRPOConfig, resume: str | bool | None = None) ->
         plot_rewards(curves, run.file(REWARD_PNG))
     trainer.accelerator.wait_for_everyone()  # the files are complete before any process reads them
     probe = next((c for c in trainer.callback_handler.callbacks if isinstance(c, TpfProbeCallback)), None)
-    files = {"held-out reward and TPF": "tpf_drift.png", "training reward": REWARD_PNG,
-             "metrics": "metrics.jsonl", "wall-time split": "wall_time.json"}
+    files = {"held-out reward and TPF": DRIFT_PNG, "training reward": REWARD_PNG, "metrics": METRICS_JSONL,
+             "wall-time split": WALL_TIME}
     return {"trainer": trainer, "output_dir": run.path, "steps": trainer.state.global_step,
             "rewards": curves["reward"], "tpf": drift_records(history), "held_out": held_out_change(run),
             "wall_time": split, "stopped_at": probe.stopped_at if probe else None, "main_process": main_process,
