@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo.errors import MissingFileError, UserError
+from rewards.errors import MissingFileError, UserError
 from rewards.result import RewardResult
 from rewards.scoring import TASKS
 

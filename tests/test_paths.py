@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo.paths import glob_safe, is_glob_safe, torch_can_compile
+from grpo.paths import glob_safe, is_glob_safe
 from helpers_env import child_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,18 +34,16 @@ def test_a_bracketed_folder_gets_a_link_that_glob_reads(tmp_path):
     assert glob_safe(folder) == link  # the same link for every call (and every rank)
 
 
-def test_torch_can_compile_only_off_paths_with_spaces(tmp_path):
-    assert torch_can_compile()  # this environment's torch
-    site = _torch_under_spaces(tmp_path)
+@pytest.mark.parametrize("site, can", [("site", True), ("site with spaces", False)])
+def test_torch_can_compile_only_off_paths_with_spaces(tmp_path, site, can):
     code = "from grpo.paths import torch_can_compile; print(torch_can_compile())"
-    out = subprocess.run([sys.executable, "-c", code], env=child_env(PYTHONPATH=f"{site}:{REPO}"),
-                         capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "False"
+    env = child_env(PYTHONPATH=f"{_torch_at(tmp_path / site)}:{REPO}")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == str(can)
 
 
-def _torch_under_spaces(tmp_path: Path) -> Path:
-    """A site folder with spaces whose `torch` is this torch: imported from there, torch lies under spaces."""
-    site = tmp_path / "site with spaces"
+def _torch_at(site: Path) -> Path:
+    """A site folder whose `torch` is this torch: imported from there, torch lies under `site`."""
     site.mkdir()
     (site / "torch").symlink_to(Path(torch.__file__).parent, target_is_directory=True)
     return site
@@ -60,7 +58,7 @@ def test_demo_from_a_clone_under_spaces_and_brackets(tmp_path):
     root = tmp_path.joinpath(*CLONE)
     for name in ("grpo", "rewards", "data", "configs"):
         shutil.copytree(REPO / name, root / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
-    site = _torch_under_spaces(tmp_path)
+    site = _torch_at(tmp_path / "site with spaces")
     run = subprocess.run([sys.executable, "-m", "grpo.cli", "demo", "--max-steps", "1"], cwd=root,
                          env=child_env(PYTHONPATH=f"{site}:{root}"), capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
