@@ -20,6 +20,7 @@ from trl import GRPOConfig
 
 from grpo import yaml_config
 from grpo.training.drafter_loss import DRAFTER_COMPLETIONS, DRAFTER_TARGETS
+from grpo.training.field_types import check_field_types
 from grpo.yaml_config import ConfigError, check_keys
 from rewards.table import TABLE_BONUS
 
@@ -147,7 +148,8 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     check_keys(overrides, "command line", config_fields())
     values.update(overrides)
+    check_field_types(GravityGRPOConfig, values, str(path or "config"))
     try:
         return GravityGRPOConfig(**values)
-    except (TypeError, ValueError) as err:  # TRL's own checks raise ValueError
+    except ValueError as err:  # TRL's own checks; a TypeError now is a bug and keeps its traceback
         raise ConfigError(f"{path or 'config'}: {err}") from err

@@ -72,7 +72,9 @@ def build_config(values: dict[str, Any], num_processes: int, local_hardware: boo
     answered yes, since this machine's GPU is not the one that will train.
     """
     from grpo.training.config import GravityGRPOConfig
+    from grpo.training.field_types import check_field_types
 
+    check_field_types(GravityGRPOConfig, values, "config")
     with ExitStack() as stack:
         stack.enter_context(mock.patch.object(GravityGRPOConfig, "world_size",
                                               new_callable=mock.PropertyMock, return_value=num_processes))
@@ -272,7 +274,7 @@ def preflight(config_path: str | Path | None = None, overrides: dict[str, Any] |
     cfg = None
     try:
         cfg = build_config(values, n, local_hardware)
-    except (TypeError, ValueError) as err:  # TRL's and our own __post_init__ checks
+    except ValueError as err:  # wrong-typed values (field_types), TRL's and our own __post_init__ checks
         report.problems.append(f"config{f' {config_path}' if config_path else ''} with {n} process(es): {err}")
 
     get = (lambda name: getattr(cfg, name)) if cfg is not None else \
