@@ -6,25 +6,18 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from helpers_env import child_env
+from helpers_env import child_env, free_port
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS, EVERY = 4, 2
 PROBE_SIZE = 12  # 6 prompts per rank: the sharded probe is checked; the shipped 60 only cost time
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("launch, env_extra", [
@@ -41,7 +34,7 @@ def test_two_process_grpo_with_a_vllm_engine_per_rank(tmp_path, launch, env_extr
                     VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
                     **env_extra)
     cmd = [accelerate, "launch", "--config_file", str(ROOT / "configs/accelerate" / launch),
-           "--main_process_port", str(_free_port()), "-m", "grpo.cli", "train",
+           "--main_process_port", str(free_port()), "-m", "grpo.cli", "train",
            "--config", str(ROOT / "configs/tiny_cpu.yaml"), "--max-steps", str(STEPS),
            "--tpf-every", str(EVERY), "--output-dir", str(out), "--set", "save_steps=1000",
            "--set", f"probe_size={PROBE_SIZE}"]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from grpo.paths import glob_safe, is_glob_safe
-from helpers_env import child_env
+from helpers_env import child_env, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 CLONE = ("my projects", "ocr [rl] runs", "gg")  # the path of the check `paths-anywhere`
@@ -59,8 +59,10 @@ def test_demo_from_a_clone_under_spaces_and_brackets(tmp_path):
     for name in ("grpo", "rewards", "data", "configs"):
         shutil.copytree(REPO / name, root / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
     site = _torch_at(tmp_path / "site with spaces")
-    run = subprocess.run([sys.executable, "-m", "grpo.cli", "demo", "--max-steps", "1"], cwd=root,
-                         env=child_env(PYTHONPATH=f"{site}:{root}"), capture_output=True, text=True)
+    # its own port: an engine of an earlier test in this process may hold accelerate's default one
+    env = child_env(PYTHONPATH=f"{site}:{root}", MASTER_PORT=str(free_port()))
+    run = subprocess.run([sys.executable, "-m", "grpo.cli", "demo", "--max-steps", "1"], cwd=root, env=env,
+                         capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     printed = run.stdout.replace("\n", " ")
     assert "held-out greedy reward and TPF: step 0 -> step 1" in printed
