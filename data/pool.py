@@ -7,7 +7,7 @@ synthetic split name (`data.synthetic.SPLITS`). In a jsonl file `image` is a pat
 
 Every row is checked (task_type known, target and prompt non-empty strings, target within the reward's
 `MAX_REF_CHARS`, image readable); all bad rows are reported together, with their reason, by where a user finds
-them: the 1-based line of a jsonl file (blank lines counted, `grpo.jsonl`), the 0-based row index of a
+them: the 1-based line of a jsonl file (blank lines counted, `rewards.jsonl`), the 0-based row index of a
 dataset folder or parquet file. Nothing is dropped unless `skip_bad=True`. A file or folder that cannot be
 read at all (not UTF-8, damaged parquet or arrow, a folder that is no dataset) is a `PoolError` naming it.
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo.errors import MissingFileError, UserError
-from grpo.jsonl import read_lines
+from rewards.jsonl import read_lines
 from rewards.scoring import check_reference, task_problem
 
 log = logging.getLogger(__name__)

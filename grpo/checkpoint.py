@@ -41,7 +41,7 @@ class BlockDiffusionConfig:
     bd_size: int
     mask_id: int
     ar_loss_weight: float = 1.0
-    mask_schedule: str = "uniform"
+    mask_schedule: str = "uniform"  # as SPEC §2 writes it; nothing reads it (grpo.joint: t ~ U(0,1) per block)
 
     def __post_init__(self) -> None:
         for name, kind in (("bd_size", int), ("mask_id", int)):
@@ -54,8 +54,6 @@ class BlockDiffusionConfig:
                 or self.ar_loss_weight < 0:
             raise CheckpointError(
                 f"{BD_FILE}: field 'ar_loss_weight' must be a number >= 0, got {self.ar_loss_weight!r}")
-        if not isinstance(self.mask_schedule, str) or not self.mask_schedule:
-            raise CheckpointError(f"{BD_FILE}: field 'mask_schedule' must be a non-empty string")
 
     @classmethod
     def load(cls, directory: str | Path) -> "BlockDiffusionConfig":

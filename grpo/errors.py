@@ -1,25 +1,8 @@
-"""The one family of errors that mean "the user asked for something that cannot run".
+"""The user errors of the package (defined in `rewards.errors`, below both `rewards` and `grpo`).
 
-Library code raises a subclass of `UserError` whose message names the file, row, key or setting and the fix;
-`grpo.cli.main` catches it in one place, prints one `error: ...` line and exits 2 (STYLE.md point 11).
-Anything else that escapes is a bug and keeps its traceback.
-
-`setting` names the option the fix touches (e.g. `skip_bad`); the CLI turns it into its flag, so library
-messages never name CLI flags.
-
-Example:
-    >>> raise MissingFileError("prompt pool data/x.jsonl: no such file")   # doctest: +SKIP
+Raise a `UserError` subclass for anything the user asked that cannot run; `grpo.cli.main` prints its one
+line and exits 2.
 """
-from __future__ import annotations
+from rewards.errors import MissingFileError, UserError
 
-
-class UserError(Exception):
-    """A mistake in what was asked (a file, a row, a config key, a setting); the message says which."""
-
-    def __init__(self, message: str, *, setting: str | None = None):
-        super().__init__(message)
-        self.setting = setting
-
-
-class MissingFileError(UserError, FileNotFoundError):
-    """A file the user named does not exist (also a `FileNotFoundError`)."""
+__all__ = ["MissingFileError", "UserError"]

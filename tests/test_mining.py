@@ -83,20 +83,6 @@ def test_a_prompt_in_two_part_files_is_an_error(tmp_path):
 
 # ------------------------------------------------------------------------------------- with vLLM
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    from helpers_models import build_text_checkpoint
-
-    return build_text_checkpoint(tmp_path_factory.mktemp("tiny_lm"), hidden=128)  # head_dim 32 for vLLM CPU
-
-
-@pytest.fixture(scope="module")
-def llm(ckpt):
-    from grpo.vllm_engine import make_llm
-
-    return make_llm(ckpt, max_model_len=512, dtype="float32")  # as the HF fallback decodes
-
-
 def _pool(tmp_path, n):
     from data.pool import load_pool
 
@@ -105,8 +91,8 @@ def _pool(tmp_path, n):
     return str(path)
 
 
-def _cfg(ckpt, data, out, **kw):
-    return MineConfig(model=str(ckpt), pool=data, output_dir=str(out),
+def _cfg(text_ckpt, data, out, **kw):
+    return MineConfig(model=str(text_ckpt), pool=data, output_dir=str(out),
                       **{"num_generations": 4, "max_completion_length": 24, "dtype": "float32", "progress": False,
                          **kw})
 
@@ -117,13 +103,13 @@ def _records(out):
 
 
 @pytest.mark.slow
-def test_mining_writes_statistics(tmp_path, ckpt, llm):
+def test_mining_writes_statistics(tmp_path, text_ckpt, engine):
     from datasets import load_from_disk
 
     from data.pool import load_pool
 
     data = _pool(tmp_path, 12)
-    summary = mine(_cfg(ckpt, data, tmp_path / "out"), llm)
+    summary = mine(_cfg(text_ckpt, data, tmp_path / "out"), engine)
     out = load_from_disk(str(tmp_path / "out"))
     assert out.column_names == ORIGINAL + [INDEX, *STAT_COLUMNS]
     pool = load_pool(data)
@@ -141,36 +127,36 @@ def test_mining_writes_statistics(tmp_path, ckpt, llm):
         assert (tmp_path / "out" / "report" / name).stat().st_size > 0
 
     with pytest.raises(MiningError, match="num_generations: 4 then, 5 now"):
-        mine(_cfg(ckpt, data, tmp_path / "out", num_generations=5), llm)
+        mine(_cfg(text_ckpt, data, tmp_path / "out", num_generations=5), engine)
 
-    again = mine(_cfg(ckpt, str(tmp_path / "out"), tmp_path / "again", num_generations=2), llm)  # mined again
+    again = mine(_cfg(text_ckpt, str(tmp_path / "out"), tmp_path / "again", num_generations=2), engine)  # mined again
     assert again["counts"]["all"]["mined"] == len(out)
     assert load_from_disk(str(tmp_path / "again")).column_names == out.column_names
 
 
 @pytest.mark.slow
-def test_identical_rollouts_are_dropped_and_hf_fallback_agrees(tmp_path, ckpt, llm):
+def test_identical_rollouts_are_dropped_and_hf_fallback_agrees(tmp_path, text_ckpt, engine):
     from datasets import load_from_disk
 
     data = _pool(tmp_path, 6)
-    summary = mine(_cfg(ckpt, data, tmp_path / "greedy", temperature=0.0), llm)
+    summary = mine(_cfg(text_ckpt, data, tmp_path / "greedy", temperature=0.0), engine)
     assert summary["counts"]["all"] == {"mined": 6, "dropped_zero_variance": 6, "ranked_out": 0, "kept": 0}
     assert len(load_from_disk(str(tmp_path / "greedy"))) == 0
 
-    mine(_cfg(ckpt, data, tmp_path / "hf", temperature=0.0, hf_generate=True))
+    mine(_cfg(text_ckpt, data, tmp_path / "hf", temperature=0.0, hf_generate=True))
     assert _records(tmp_path / "hf") == _records(tmp_path / "greedy")
 
 
 @pytest.mark.slow
-def test_shards_merge_to_the_unsharded_result(tmp_path, ckpt, llm):
+def test_shards_merge_to_the_unsharded_result(tmp_path, text_ckpt, engine):
     from datasets import load_from_disk
 
     data = _pool(tmp_path, 10)
     kw = {"keep": 4, "chunk_size": 1}  # one prompt per engine call: batch-invariant samples
-    mine(_cfg(ckpt, data, tmp_path / "whole", **kw), llm)
+    mine(_cfg(text_ckpt, data, tmp_path / "whole", **kw), engine)
     shards = [str(tmp_path / f"s{i}") for i in range(2)]
     for i, out in enumerate(shards):
-        mine(_cfg(ckpt, data, out, shard=f"{i}/2", **kw), llm)
+        mine(_cfg(text_ckpt, data, out, shard=f"{i}/2", **kw), engine)
     assert set(_records(shards[0])).isdisjoint(_records(shards[1]))
     with pytest.raises(MiningError, match="shards 0..1 of 2"):
         merge(shards[:1], str(tmp_path / "bad"))
@@ -199,13 +185,13 @@ sys.exit(main(sys.argv[1:]))
 
 
 @pytest.mark.slow
-def test_kill_and_resume_loses_and_repeats_nothing(tmp_path, ckpt, llm):
+def test_kill_and_resume_loses_and_repeats_nothing(tmp_path, text_ckpt, engine):
     from datasets import load_from_disk
 
     data = _pool(tmp_path, 24)
     kw = {"chunk_size": 1, "max_completion_length": 32}
     killed = tmp_path / "killed"
-    cmd = [sys.executable, "-c", KILLED_CHILD, "mine", "--model", str(ckpt), "--data", data, "--out", str(killed),
+    cmd = [sys.executable, "-c", KILLED_CHILD, "mine", "--model", str(text_ckpt), "--data", data, "--out", str(killed),
            "--k", "4", "--max-tokens", "32", "--chunk-size", "1", "--dtype", "float32", "--no-progress"]
     proc = subprocess.run(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600,
                           env=child_env(OMP_NUM_THREADS="1", KILL_AFTER=str(KILL_AFTER),
@@ -214,8 +200,8 @@ def test_kill_and_resume_loses_and_repeats_nothing(tmp_path, ckpt, llm):
     assert not MiningStore(killed).done.exists()
     assert len(MiningStore(killed).read_parts()) == KILL_AFTER  # chunk_size 1: one prompt per part
 
-    mine(_cfg(ckpt, data, killed, **kw), llm)  # the rerun, same arguments
-    mine(_cfg(ckpt, data, tmp_path / "straight", **kw), llm)
+    mine(_cfg(text_ckpt, data, killed, **kw), engine)  # the rerun, same arguments
+    mine(_cfg(text_ckpt, data, tmp_path / "straight", **kw), engine)
     assert _records(killed) == _records(tmp_path / "straight")
     assert sorted(_records(killed)) == list(range(24))
     assert load_from_disk(str(killed))[INDEX] == load_from_disk(str(tmp_path / "straight"))[INDEX]

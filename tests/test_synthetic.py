@@ -36,6 +36,7 @@ def test_split_columns_prompts_and_task_shares():
             assert all(s == t or s == BLOT for s, t in zip(source, row["target"]))
 
 
+@pytest.mark.slow  # all 60,000 rows: the pin covers the whole split
 def test_tiny_train_is_unchanged():
     """The base recipe (and its tokenizer) trains on `tiny-train`: its rows, pinned before `tiny-noisy` existed."""
     rows = generate("tiny-train")

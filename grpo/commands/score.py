@@ -60,7 +60,7 @@ def read_text_file(path: str, what: str) -> str:
     """The text of the UTF-8 file `path` (a byte-order mark is accepted); a `UserError` naming the file when it
     is missing, binary or not UTF-8, or, for a reference, longer than the reward takes."""
     from grpo.errors import UserError
-    from grpo.jsonl import BOM, read_bytes
+    from rewards.jsonl import BOM, read_bytes
     from rewards.scoring import MAX_REF_CHARS, check_reference
 
     label = f"{what} file {path}"

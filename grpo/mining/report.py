@@ -8,28 +8,21 @@ Example:
 from __future__ import annotations
 
 import json
-import logging
 import os
 from pathlib import Path
 
 from grpo.mining.selection import INDEX, is_dropped
 from grpo.mining.store import atomic_write, temporary_file
 
-log = logging.getLogger(__name__)
-
 PERCENTILES = (10, 25, 50, 75, 90, 99)
 BINS = 20
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolation percentile (numpy's default method)."""
+def describe_pool(ds) -> dict:
+    """Rows per task and reference-length percentiles (characters of `target`, numpy's linear
+    interpolation), per task and overall."""
     import numpy as np
 
-    return float(np.percentile(values, q))
-
-
-def describe_pool(ds) -> dict:
-    """Rows per task and reference-length percentiles (characters of `target`), per task and overall."""
     lengths: dict[str, list[int]] = {}
     for task, target in zip(ds["task_type"], ds["target"]):
         lengths.setdefault(task, []).append(len(target))
@@ -37,7 +30,7 @@ def describe_pool(ds) -> dict:
 
     def summary(values):
         return {"rows": len(values), "share": len(values) / len(everything), "max_chars": max(values),
-                **{f"p{q}_chars": percentile(values, q) for q in PERCENTILES}}
+                **{f"p{q}_chars": float(np.percentile(values, q)) for q in PERCENTILES}}
 
     return {"rows": len(everything), "tasks": {task: summary(v) for task, v in sorted(lengths.items())},
             "all": summary(everything), "lengths": lengths}

@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from grpo.errors import UserError
-from grpo.jsonl import read_lines
+from rewards.jsonl import read_lines
 from grpo.mining.selection import INDEX
 
 

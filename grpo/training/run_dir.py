@@ -28,8 +28,9 @@ RUN_CONFIG = "run_config.json"
 METRICS_JSONL = "metrics.jsonl"
 WALL_TIME = "wall_time.json"
 REWARD_PNG = "reward_curve.png"
-DRIFT_JSONL = "tpf_drift.jsonl"
-DRIFT_PNG = "tpf_drift.png"
+DRIFT = "tpf_drift"
+DRIFT_JSONL = f"{DRIFT}.jsonl"
+DRIFT_PNG = f"{DRIFT}.png"
 PROBE_ROWS = "probe_rows.jsonl"
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 
@@ -104,16 +105,13 @@ class RunDir:
         return _read_jsonl(self.file(METRICS_JSONL))
 
     # --- the TPF probe ---
-    def write_drift(self, records: list[dict], name: str = "tpf_drift", title: str | None = None) -> Path:
+    def write_drift(self, records: list[dict], name: str = DRIFT, title: str | None = None) -> Path:
         """Rewrite `<name>.jsonl` from the probe records and redraw `<name>.png`; return the PNG path."""
         from grpo.training.plots import plot_drift
 
         self.path.mkdir(parents=True, exist_ok=True)
         _write_jsonl(self.file(f"{name}.jsonl"), records)
         return plot_drift(records, self.file(f"{name}.png"), **({"title": title} if title else {}))
-
-    def read_drift(self) -> list[dict]:
-        return _read_jsonl(self.file(DRIFT_JSONL))
 
     def write_probe_rows(self, step: int, rows: list[dict]) -> None:
         """Record one probe's per-prompt records; lines of later steps (an earlier attempt before a resume) go."""

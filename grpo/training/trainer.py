@@ -31,7 +31,7 @@ from trl import GRPOTrainer
 from grpo.hardware import on_cpu
 from grpo.training import drafter_loss as dl
 from grpo.training.config import GravityGRPOConfig
-from grpo.training.run_dir import REWARD_PNG, RunDir
+from grpo.training.run_dir import DRIFT_PNG, METRICS_JSONL, REWARD_PNG, WALL_TIME, RunDir
 
 # Phases of the wall-time split, in the order they are reported.
 PHASES = ("generation", "reward", "logprobs", "backward", "drafter", "tpf_probe", "other")
@@ -70,6 +70,17 @@ def _cpu_engine_settings(model: Any, args: Any):
         vllm_generation.LLM = original
 
 
+def _engine_readable(model: Any) -> Any:
+    """`model` (a folder or a loaded model) with the folder TRL hands its vLLM engine made glob-safe."""
+    from grpo.paths import glob_safe
+
+    if isinstance(model, str):
+        return glob_safe(model)
+    if getattr(model, "name_or_path", None):
+        model.name_or_path = glob_safe(model.name_or_path)  # what TRL passes to `LLM(model=...)`
+    return model
+
+
 class GravityGRPOTrainer(GRPOTrainer):
     """`GRPOTrainer` whose colocated vLLM engine also works on CPU, and which times its phases.
 
@@ -88,6 +99,8 @@ class GravityGRPOTrainer(GRPOTrainer):
         self._raw_seconds: dict[str, float] = defaultdict(float)
         self._next_log: dict[str, float] = {}
         self._entries_written = -1  # log entries in OUTPUT/metrics.jsonl; -1: not written by this process yet
+        if getattr(args, "use_vllm", False):
+            model = _engine_readable(model)
         with _cpu_engine_settings(model, args):
             super().__init__(model, reward_funcs, args, **kwargs)
         cpu = on_cpu(self.args.use_cpu)
@@ -321,8 +334,8 @@ def run_training(config: GravityGRPOConfig, resume: str | bool | None = None) ->
         plot_rewards(curves, run.file(REWARD_PNG))
     trainer.accelerator.wait_for_everyone()  # the files are complete before any process reads them
     probe = next((c for c in trainer.callback_handler.callbacks if isinstance(c, TpfProbeCallback)), None)
-    files = {"held-out reward and TPF": "tpf_drift.png", "training reward": REWARD_PNG,
-             "metrics": "metrics.jsonl", "wall-time split": "wall_time.json"}
+    files = {"held-out reward and TPF": DRIFT_PNG, "training reward": REWARD_PNG, "metrics": METRICS_JSONL,
+             "wall-time split": WALL_TIME}
     return {"trainer": trainer, "output_dir": run.path, "steps": trainer.state.global_step,
             "rewards": curves["reward"], "tpf": drift_records(history), "held_out": held_out_change(run),
             "wall_time": split, "stopped_at": probe.stopped_at if probe else None, "main_process": main_process,

@@ -1,0 +1,34 @@
+"""Fixtures shared by the test modules that start a vLLM engine (tests/test_engine.py, tests/test_mining.py)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def text_ckpt(tmp_path_factory):
+    """A small text checkpoint vLLM's CPU attention accepts (hidden 128: head_dim 32)."""
+    from helpers_models import build_text_checkpoint
+
+    return build_text_checkpoint(tmp_path_factory.mktemp("tiny_lm"), hidden=128)
+
+
+@pytest.fixture(scope="module")
+def engine(text_ckpt):
+    """A vLLM engine on `text_ckpt` in float32 (HF's decoding dtype), started as GRPO and mining start it:
+    in a process where numba has already compiled the TEDS kernel. One per module: tests may sync new
+    weights into it. The rendezvous variables vLLM writes into the environment go with it (a later
+    `TrainingArguments` would take the process for a rank of a launch)."""
+    from grpo.vllm_engine import make_llm
+    from helpers_env import RENDEZVOUS
+    from rewards import teds
+
+    before = {key: os.environ.get(key) for key in RENDEZVOUS}
+    assert teds("<table><tr><td>a</td></tr></table>", "<table><tr><td>b</td></tr></table>") == 1.0
+    yield make_llm(text_ckpt, max_model_len=512, dtype="float32")
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
