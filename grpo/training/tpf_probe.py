@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+import traceback
 from typing import Any
 
 from transformers import TrainerCallback
@@ -87,7 +88,7 @@ class TpfProbeCallback(TrainerCallback):
         rank, world = trainer.accelerator.process_index, trainer.accelerator.num_processes
         compared = self._compared(args, state.global_step)
         start = time.perf_counter()
-        records, sampled, error = [], [], None
+        records, sampled, error, failure = [], [], None, None
         indices = range(rank, len(self.rows), world)
         common = dict(indices=indices, is_vlm=self.is_vlm, max_new_tokens=args.tpf_max_new_tokens,
                       batch_size=args.tpf_batch_size, progress=False)
@@ -104,11 +105,11 @@ class TpfProbeCallback(TrainerCallback):
                                           temperature=args.temperature, samples=args.tpf_samples,
                                           seed=state.global_step, **common)
             except Exception as err:  # noqa: BLE001 - every rank must reach the gather, or the others hang
-                error = f"rank {rank}: {err!r}"
+                error, failure = f"rank {rank}:\n{traceback.format_exc()}", err
             shards = gather_object([(rank, error, (records, sampled))])
         errors = [e for _, e, _ in shards if e]
         if errors:
-            raise RuntimeError(f"TPF probe at step {state.global_step} failed on " + "; ".join(errors))
+            raise RuntimeError(f"TPF probe at step {state.global_step} failed on " + "\n".join(errors)) from failure
         records = [r for _, _, (shard, _) in shards for r in shard]
         stats = tpf_stats(records)
         sampled = [r for _, _, (_, shard) in shards for r in shard]
