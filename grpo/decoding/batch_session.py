@@ -38,17 +38,17 @@ class Prefill:
 
 
 class _SlotLayer(DynamicLayer):
-    """One layer's buffer; `update` writes the new states at the slots `cache.index` names, per row."""
+    """One layer's buffer; `update` writes the new states where `cache.index` says, in the buffer seen as
+    (rows × heads × slots, dim)."""
 
     def __init__(self, cache: "_SlotCache"):
         super().__init__()
         self.cache = cache
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        n, span = key_states.shape[0], self.cache.span
-        index = self.cache.index.expand_as(key_states)
-        self.keys[:n].scatter_(2, index, key_states)
-        self.values[:n].scatter_(2, index, value_states)
+        n, dim, span = key_states.shape[0], key_states.shape[3], self.cache.span
+        self.keys.view(-1, dim).index_copy_(0, self.cache.index, key_states.reshape(-1, dim))
+        self.values.view(-1, dim).index_copy_(0, self.cache.index, value_states.reshape(-1, dim))
         return self.keys[:n, :, :span], self.values[:n, :, :span]
 
     def get_seq_length(self) -> int:
@@ -56,12 +56,12 @@ class _SlotLayer(DynamicLayer):
 
 
 class _SlotCache(Cache):
-    """The transformers `Cache` the decode forwards see: `index` (n, 1, w, 1) is each new state's slot and
-    `span` the slots attended to, both set by `BatchSession.forward`."""
+    """The transformers `Cache` the decode forwards see: `index` (n × heads × w,) is the flat buffer place of
+    each new state and `span` the slots attended to, both set by `BatchSession.forward`."""
 
     def __init__(self, n_layers: int):
         super().__init__(layers=[_SlotLayer(self) for _ in range(n_layers)])
-        self.index = torch.zeros(0, 1, 0, 1, dtype=torch.long)
+        self.index = torch.zeros(0, dtype=torch.long)
         self.span = 0
 
 
@@ -156,7 +156,9 @@ class BatchSession:
         span = self.length + w
         self._reserve(span)
         new = torch.arange(w, device=self.device)
-        self.cache.index = (self.next_pos.unsqueeze(1) + new)[:, None, :, None]
+        _, heads, slots, _ = self.cache.layers[0].keys.shape
+        planes = torch.arange(n * heads, device=self.device).view(n, heads, 1) * slots   # (row, head) starts
+        self.cache.index = (planes + (self.next_pos.unsqueeze(1) + new).unsqueeze(1)).reshape(-1)
         self.cache.span = span
         rel = (torch.arange(span, device=self.device) - self.next_pos.unsqueeze(1)).unsqueeze(1)  # (n, 1, span)
         query = new[None, :, None]
