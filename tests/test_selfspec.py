@@ -256,16 +256,37 @@ def test_batched_decoder_greedy_limit_of_sampling_is_greedy(text_arch):
     assert [(r.tokens, r.forwards, r.accepted) for r in cold] == [(r.tokens, r.forwards, r.accepted) for r in greedy]
 
 
-def test_batch_session_keeps_rows_packed(text_arch):
-    """After a ragged keep, every row's valid slots sit at the right end and the cache is as long as the longest."""
-    session = BatchSession(text_arch.model)
-    session.add(text_arch.inputs[:3])
-    session.keep(torch.zeros(3, dtype=torch.long))
-    lengths = [x["input_ids"].shape[1] for x in text_arch.inputs[:3]]
-    session.forward(torch.full((3, 5), 7))
-    session.keep(torch.tensor([5, 0, 2]), torch.tensor([True, False, True]))
-    kept = [lengths[0] + 5, lengths[2] + 2]
-    assert session.rows.tolist() == [0, 2] and session.next_pos.tolist() == kept
-    assert session.valid.shape[1] == max(kept) == session.cache.get_seq_length()
-    for row, n in enumerate(kept):
-        assert session.valid[row].tolist() == [False] * (max(kept) - n) + [True] * n
+def test_batch_session_ragged_keep_and_leaving_rows(text_arch):
+    """A ragged keep grows each row by its own count; a leaving row's place goes to the last row, whose cached
+    states move with it unchanged."""
+    session = BatchSession(text_arch.model, 4)
+    prefill = session.prefill(text_arch.inputs[:4])
+    session.admit(prefill, [0, 1, 2, 3], [10, 11, 12, 13])
+    lengths = [x["input_ids"].shape[1] for x in text_arch.inputs[:4]]
+    assert session.next_pos.tolist() == lengths and session.length == max(lengths)
+    session.forward(torch.full((4, 5), 7))
+    layer = session.cache.layers[0]
+    last = layer.keys[3, :, : lengths[3] + 1].clone()
+    order = session.keep(torch.tensor([5, 0, 2, 1]), torch.tensor([False, True, True, True]))
+    assert order.tolist() == [3, 1, 2] and session.rows.tolist() == [13, 11, 12]
+    assert session.next_pos.tolist() == [lengths[3] + 1, lengths[1], lengths[2] + 2]
+    assert torch.equal(layer.keys[0, :, : lengths[3] + 1], last)
+    with pytest.raises(ValueError, match="cannot keep 6 of the 5 slots"):
+        session.keep(torch.tensor([6, 0, 0]))
+    with pytest.raises(ValueError, match="exceed the capacity 4"):
+        session.admit(prefill, [0, 1], [20, 21])
+
+
+def test_batch_session_states_equal_a_single_prompt_session(text_arch):
+    """A row's logits after prefill, admission among others and a ragged keep equal those of the prompt alone."""
+    inputs = text_arch.inputs[:3]
+    session = BatchSession(text_arch.model, 3)
+    session.admit(session.prefill(inputs), [0, 1, 2], [0, 1, 2])
+    session.forward(torch.full((3, 4), 5))
+    session.keep(torch.tensor([4, 1, 3]))
+    batched = session.forward(torch.full((3, 2), 9))
+    for r, (x, kept) in enumerate(zip(inputs, (4, 1, 3))):
+        alone = Session(text_arch.model)
+        alone.prefill(x)
+        alone.forward([5] * kept)
+        torch.testing.assert_close(batched[r], alone.forward([9, 9]), rtol=1e-4, atol=1e-4)

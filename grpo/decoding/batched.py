@@ -75,7 +75,8 @@ def _open(tokens: list[int], stops: frozenset[int], max_new_tokens: int) -> bool
 
 class _Batched:
     """The loop both batched decoders share: up to `batch_size` rows decode at once, and a finished row's
-    place goes to the next waiting prompt before the next round (continuous batching)."""
+    place goes to the next waiting prompt before the next round (continuous batching). Waiting prompts are
+    prefilled `batch_size` at a time, in one forward, and admitted as places free up."""
 
     def __init__(self, model: Any, stop_ids: Iterable[int], max_new_tokens: int = 512,
                  sampler: Sampler | None = None):
@@ -97,19 +98,22 @@ class _Batched:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         order = sorted(range(len(inputs)), key=lambda i: -inputs[i]["input_ids"].shape[1])
-        self.session = session = BatchSession(self.model)
+        self.session = session = BatchSession(self.model, min(batch_size, len(inputs)))
         self.results: list[DecodeResult | None] = [None] * len(inputs)
-        waiting = 0
-        while waiting < len(order) or len(session.rows):
+        waiting, staged, prefill = 0, [], None   # staged: (place in `prefill`, row) of open prompts not admitted
+        while waiting < len(order) or staged or len(session.rows):
             room = batch_size - len(session.rows)
-            if room and waiting < len(order):
-                admitted = order[waiting:waiting + room]
-                waiting += len(admitted)
-                x0 = self.sampler.pick(session.add([inputs[i] for i in admitted], admitted))
-                for i, token in zip(admitted, x0.tolist()):
+            if room and not staged and waiting < len(order):   # prefill the next prompts in one forward
+                group = order[waiting:waiting + batch_size]
+                waiting += len(group)
+                prefill = session.prefill([inputs[i] for i in group])
+                for j, (i, token) in enumerate(zip(group, self.sampler.pick(prefill.logits).tolist())):
                     self.results[i] = DecodeResult(tokens=[token])
-                alive = [_open(self.results[i].tokens, self.stop_ids, self.max_new_tokens) for i in session.rows]
-                session.keep(torch.zeros(len(alive), dtype=torch.long), torch.tensor(alive, dtype=torch.bool))
+                    if _open(self.results[i].tokens, self.stop_ids, self.max_new_tokens):
+                        staged.append((j, i))
+            elif room and staged:
+                admitted, staged = staged[:room], staged[room:]
+                session.admit(prefill, [j for j, _ in admitted], [i for _, i in admitted])
             else:
                 self._round()
         return self.results
@@ -167,11 +171,11 @@ class BatchDecoder(_Batched):
             if not verify[-1]:
                 results[i].tokens += truncate([token], self.stop_ids, self.max_new_tokens - len(results[i].tokens))[0]
         verify = torch.tensor(verify, dtype=torch.bool)
-        session.keep(torch.ones(len(rows), dtype=torch.long), verify)   # x0's causal state; done rows leave
-        if not bool(verify.any()):
+        order = session.keep(torch.ones(len(rows), dtype=torch.long), verify)   # x0's causal state; done rows leave
+        if not len(order):
             return
-        a0, drafts = a0[verify], drafts[verify]
-        q = None if q is None else q[verify.to(q.device)]
+        a0, drafts = a0[order], drafts[order]
+        q = None if q is None else q[order.to(q.device)]
         checked = session.forward(torch.cat([a0.unsqueeze(1), drafts], dim=1))   # (n', B+1, vocab)
         accepted, nexts = self._accept(checked, drafts, q)
         rows = session.rows.tolist()
