@@ -29,6 +29,7 @@ COMMANDS = {
     "train": "train",
     "tpf-drift": "tpf_drift",
     "demo": "demo",
+    "compare": "compare",
 }
 
 

@@ -79,6 +79,13 @@ class GravityGRPOConfig(GRPOConfig):
     drafter_targets: str = field(default="sampled", metadata={
         "help": "What a masked token is trained to predict: 'sampled' (the completion's token, as joint "
                 "training) or 'greedy' (the verifier's argmax at that place, read off the clean stream)."})
+    # --- issue 16: the null control and the drafter loss's clean-stream detach ---
+    reward_shuffle: bool = field(default=False, metadata={
+        "help": "Null control: permute the rewards within each group (seeded per step) before the advantages, "
+                "so the reward carries no signal about which completion is better; the run is otherwise the same."})
+    drafter_detach_clean: bool = field(default=False, metadata={
+        "help": "Detach the clean stream's keys and values in the drafter loss, so its gradient reaches the "
+                "shared weights only through the corrupted streams (the AR path's own activations get none)."})
 
     def __post_init__(self):
         super().__post_init__()

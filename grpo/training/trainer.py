@@ -8,6 +8,7 @@ What this adds to TRL (hooks only, no copied TRL code):
   forwards), backward (loss forward + backward), drafter (the drafter loss's selection and forward) and the
   TPF probe;
 - the optional drafter loss (`drafter_loss_weight`, `grpo.training.drafter_loss`) added in `compute_loss`;
+- the null control (`reward_shuffle`, `shuffle_within_groups`): rewards permuted within each group;
 - `build_trainer(config)`: checkpoint, prompt pool, rewards and TPF probe wired from one config.
 
 Example:
@@ -63,6 +64,18 @@ def _cpu_engine_settings(model: Any, args: Any):
             yield
     finally:
         vllm_generation.LLM = original
+
+
+def shuffle_within_groups(rewards: Any, group_size: int, seed: int) -> Any:
+    """`rewards` (N, ...) with rows permuted within each consecutive group of `group_size` (the null control):
+    each group keeps its rewards, so means and spreads stay, but which completion earned which is random."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    groups = rewards.shape[0] // group_size
+    order = torch.argsort(torch.rand(groups, group_size, generator=gen), dim=1)
+    index = (order + torch.arange(groups)[:, None] * group_size).flatten().to(rewards.device)
+    return rewards[index]
 
 
 class GravityGRPOTrainer(GRPOTrainer):
@@ -131,7 +144,10 @@ class GravityGRPOTrainer(GRPOTrainer):
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         with self.timed("reward"):
-            return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+            rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        if self.args.reward_shuffle and self.model.training:  # gathered: every process permutes alike
+            rewards = shuffle_within_groups(rewards, self.num_generations, self.args.seed * 1_000_003 + self._step)
+        return rewards
 
     def _generate_and_score_completions(self, inputs):
         with self.timed("score"):
