@@ -154,14 +154,16 @@ class GravityGRPOTrainer(GRPOTrainer):
             output = super()._generate_and_score_completions(inputs)
         if self.args.drafter_loss_weight > 0 and self.model.training:
             with self.timed("drafter"):
-                output[dl.KEEP_KEY] = dl.keep_for_batch(self, output)
+                output.update(dl.keep_for_batch(self, output))
         return output
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if self.args.drafter_loss_weight > 0 and model.training:  # one loss, one backward (ZeRO-3 steps per call)
             with self.timed("drafter"):
-                loss = loss + self.args.drafter_loss_weight * dl.trainer_loss(self, model, inputs)
+                term = self.args.drafter_loss_weight * dl.trainer_loss(self, model, inputs)
+                dl.log_grad_norms(self, model, loss, term)
+                loss = loss + term
         return loss
 
     def training_step(self, model, inputs, num_items_in_batch):
