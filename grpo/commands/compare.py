@@ -56,6 +56,27 @@ def _table(report: dict):
     return table
 
 
+def _errors_table(report: dict):
+    """Per arm and error kind: probe decision points greedy gets wrong at the start and after (pooled over
+    seeds), McNemar's p, and the outputs with more units than their target."""
+    from rich.table import Table
+
+    table = Table(title="decision points wrong, start -> after (pooled over seeds; McNemar exact p)")
+    for column in ("arm", "kind", "points", "wrong start", "wrong after", "fixed", "broken", "p"):
+        table.add_column(column, justify="left" if column in ("arm", "kind") else "right")
+    for name, entry in report["arms"].items():
+        errors = entry["errors"]
+        if not errors:
+            continue
+        for kind, m in errors["kinds"].items():
+            table.add_row(name, kind, str(m["n"]), str(m["wrong_before"]), str(m["wrong_after"]), str(m["fixed"]),
+                          str(m["broken"]), f"{m['p']:.2g}")
+        after = sum(errors["over_generated_after"].values())
+        table.add_row(name, "over-generated outputs", str(errors["prompts"] * errors["seeds"]),
+                      str(errors["over_generated_start"] * errors["seeds"]), str(after), "", "", "")
+    return table
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -76,5 +97,6 @@ def run(args: argparse.Namespace) -> int:
                             probe_set=args.probe_set, probe_size=args.probe_size, max_new_tokens=args.max_new_tokens,
                             log=lambda text: console.print(text, markup=False))
     console.print(_table(report))
+    console.print(_errors_table(report))
     console.print(f"wrote {Path(args.out) / REPORT_FILE}", markup=False)
     return 0
