@@ -4,8 +4,8 @@ Each run is `gravity-grpo train` in its own process (one at a time: the vLLM eng
 the run's alone) into `OUT/<arm>/seed-<S>`; its last checkpoint is then decoded on the probe set by the
 self-speculative decoder with AR greedy beside it (`grpo.decoding.tpf.measure_tpf`, as `gravity-grpo tpf
 --compare-ar --score`), and the rows land in `eval.json`. The starting model is evaluated once (`start.json`).
-A run with `eval.json` is skipped, so an interrupted comparison resumes where it stopped; a run folder
-without one is trained again from scratch.
+A run with `eval.json` is skipped, so an interrupted comparison resumes where it stopped; a finished
+training (`wall_time.json`) without it is only evaluated; any other run folder is trained again from scratch.
 
 The first arm is the reference: every other arm is paired with it (`grpo.training.compare_stats`), and every
 arm with the starting model (held-out change). On a built-in synthetic probe set the report also counts, per
@@ -32,6 +32,7 @@ from grpo.training import compare_stats
 from grpo.training.run_dir import RunDir
 
 EVAL_FILE, START_FILE, REPORT_FILE, PLOT_FILE = "eval.json", "start.json", "compare.json", "compare.png"
+TRAINED_FILE = "wall_time.json"  # the trainer writes it once training has finished
 
 
 @dataclass(frozen=True)
@@ -91,16 +92,18 @@ def run_one(arm: Arm, seed: int, out: Path, common: dict, probe: dict, log: Call
     if done.is_file():
         log(f"{arm.name} seed {seed}: done, skipped")
         return json.loads(done.read_text())
-    if folder.exists():
-        shutil.rmtree(folder)  # an interrupted run: train again from scratch
-    folder.mkdir(parents=True)
-    log(f"{arm.name} seed {seed}: training ({folder}/train.log)")
-    with open(folder / "train.log", "w") as stream:
-        result = subprocess.run(train_command(arm, seed, folder, common), stdout=stream, stderr=subprocess.STDOUT,
-                                env=os.environ.copy())
-    if result.returncode:
-        raise RuntimeError(f"{arm.name} seed {seed}: training failed (exit {result.returncode}); see "
-                           f"{folder}/train.log")
+    if not (folder / TRAINED_FILE).is_file():
+        if folder.exists():
+            shutil.rmtree(folder)  # an interrupted run: train again from scratch
+        folder.mkdir(parents=True)
+        log(f"{arm.name} seed {seed}: training ({folder}/train.log)")
+        with open(folder / "train.log", "w") as stream:
+            result = subprocess.run(train_command(arm, seed, folder, common), stdout=stream,
+                                    stderr=subprocess.STDOUT, env=os.environ.copy())
+        if result.returncode:
+            raise RuntimeError(f"{arm.name} seed {seed}: training failed (exit {result.returncode}); see "
+                               f"{folder}/train.log")
+    log(f"{arm.name} seed {seed}: evaluating the last checkpoint")
     config = RunDir(folder).read_config()
     rows = evaluate(final_checkpoint(folder), config.get("model"), **probe)
     _write(done, rows)
