@@ -109,3 +109,17 @@ def test_error_kinds_count_the_noisy_labels_greedy_writes():
         assert result["wrong_before"] >= result["n"] - 2, name   # a dropped last line can take a content point
     assert report["over_generated_after"] == {0: 0} and report["over_generated_start"] > 0
     assert compare.error_kinds("some/folder", 30, start, after) is None
+
+
+def test_a_finished_training_without_eval_is_only_evaluated(tmp_path, monkeypatch):
+    arm = compare.Arm("a", "configs/tiny_cpu.yaml")
+    folder = tmp_path / "a" / "seed-4"
+    (folder / "checkpoint-40").mkdir(parents=True)
+    (folder / "checkpoint-80").mkdir()
+    (folder / compare.TRAINED_FILE).write_text("{}")
+    monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: pytest.fail("retrained a finished run"))
+    seen = []
+    monkeypatch.setattr(compare, "evaluate", lambda model, base, **probe: seen.append(model) or [{"tokens": 2}])
+    assert compare.run_one(arm, 4, tmp_path, {}, {}, log=lambda _: None) == [{"tokens": 2}]
+    assert seen == [folder / "checkpoint-80"]
+    assert json.loads((folder / compare.EVAL_FILE).read_text()) == [{"tokens": 2}]
