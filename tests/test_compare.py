@@ -123,3 +123,33 @@ def test_a_finished_training_without_eval_is_only_evaluated(tmp_path, monkeypatc
     assert compare.run_one(arm, 4, tmp_path, {}, {}, log=lambda _: None) == [{"tokens": 2}]
     assert seen == [folder / "checkpoint-80"]
     assert json.loads((folder / compare.EVAL_FILE).read_text()) == [{"tokens": 2}]
+
+
+def test_report_only_pairs_the_finished_seeds_and_writes_the_report(tmp_path, monkeypatch):
+    from data.synthetic import generate
+    from grpo.cli import main
+
+    rows = generate("tiny-probe", 6)
+
+    def evals(forwards, good):
+        return [{"index": i, "task": r["task_type"], "tokens": 12, "forwards": forwards, "ar_equal": True,
+                 "truncated": False, "reward": 1.0 if good else 0.5, "text": r["target"] if good else ""}
+                for i, r in enumerate(rows)]
+
+    (tmp_path / compare.START_FILE).write_text(json.dumps(evals(4, False)))
+    for arm, forwards in (("a", 4), ("b", 3)):
+        for seed in (1, 2):
+            folder = tmp_path / arm / f"seed-{seed}"
+            folder.mkdir(parents=True)
+            (folder / compare.EVAL_FILE).write_text(json.dumps(evals(forwards, True)))
+    (tmp_path / "b" / "seed-3").mkdir()            # unfinished in b: left out of the report
+    monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: pytest.fail("report-only trained"))
+    assert main(["compare", "--arm", "a", "configs/tiny_cpu.yaml", "--arm", "b", "configs/tiny_drafter.yaml",
+                 "--seeds", "1", "2", "3", "--out", str(tmp_path), "--probe-size", "6", "--report-only"]) == 0
+    report = json.loads((tmp_path / compare.REPORT_FILE).read_text())
+    pair = report["arms"]["b"]["vs_reference"]
+    assert pair["seeds"] == [1, 2] and pair["tpf_ratio"] == pytest.approx(4 / 3) and pair["tpf_wins"] == 2
+    assert report["arms"]["a"]["vs_start"]["reward_diff"] == pytest.approx(0.5)
+    assert (tmp_path / compare.PLOT_FILE).stat().st_size > 0
+    assert main(["compare", "--arm", "a", "configs/tiny_cpu.yaml", "--arm", "b", "configs/tiny_drafter.yaml",
+                 "--seeds", "3", "--out", str(tmp_path), "--report-only"]) == 2

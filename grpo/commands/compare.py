@@ -18,6 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probe-set", default="tiny-probe", help="prompts the final checkpoints are evaluated on")
     parser.add_argument("--probe-size", type=int, default=60, help="first N prompts of the probe set")
     parser.add_argument("--max-new-tokens", type=int, default=192, help="output cap per probe prompt")
+    parser.add_argument("--report-only", action="store_true",
+                        help="train nothing: report the seeds every arm has finished (while a comparison runs)")
 
 
 def _pairs(assignments: list[str], where: str) -> dict:
@@ -93,9 +95,13 @@ def run(args: argparse.Namespace) -> int:
         arms.append(Arm(spec[0], spec[1], _pairs(spec[2:], f"--arm {spec[0]}")))
     if len(arms) < 2 or len({a.name for a in arms}) != len(arms):
         raise UserError("compare needs at least two --arm with distinct names")
-    report = run_comparison(arms, args.seeds, args.out, common=_pairs(args.assignments, "--set"),
-                            probe_set=args.probe_set, probe_size=args.probe_size, max_new_tokens=args.max_new_tokens,
-                            log=lambda text: console.print(text, markup=False))
+    try:
+        report = run_comparison(arms, args.seeds, args.out, common=_pairs(args.assignments, "--set"),
+                                probe_set=args.probe_set, probe_size=args.probe_size,
+                                max_new_tokens=args.max_new_tokens, report_only=args.report_only,
+                                log=lambda text: console.print(text, markup=False))
+    except ValueError as err:  # unpaired or unfinished runs
+        raise UserError(f"{args.out}: {err}") from err
     console.print(_table(report))
     console.print(_errors_table(report))
     console.print(f"wrote {Path(args.out) / REPORT_FILE}", markup=False)

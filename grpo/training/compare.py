@@ -169,15 +169,20 @@ def summarize(arms: list[Arm], results: dict[str, dict[int, list[dict]]], start:
 
 def run_comparison(arms: list[Arm], seeds: list[int], out: str | Path, *, common: dict | None = None,
                    probe_set: str = "tiny-probe", probe_size: int = 60, max_new_tokens: int = 192,
-                   log: Callable[[str], None] = print) -> dict[str, Any]:
+                   report_only: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Every (arm, seed) run, one at a time (finished ones skipped), then the report (`compare.json`) and
-    its plot (`compare.png`) in `out`."""
+    its plot (`compare.png`) in `out`. `report_only`: no training, the report of the seeds that every arm
+    has finished (a partial comparison, while it still runs)."""
     if len({a.name for a in arms}) != len(arms) or not arms:
         raise ValueError("arms need distinct names")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     probe = {"probe_set": probe_set, "probe_size": probe_size, "max_new_tokens": max_new_tokens}
     results: dict[str, dict[int, list[dict]]] = {a.name: {} for a in arms}
+    if report_only:
+        seeds = [s for s in seeds if all((out / a.name / f"seed-{s}" / EVAL_FILE).is_file() for a in arms)]
+        if not seeds:
+            raise ValueError(f"{out}: no seed finished in every arm yet")
     for seed in seeds:  # seed-major: a partial comparison already pairs the arms on its first seeds
         for arm in arms:
             results[arm.name][seed] = run_one(arm, seed, out, common or {}, probe, log)
