@@ -24,6 +24,7 @@ Example:
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 import re
@@ -44,7 +45,9 @@ class Split:
     seed: int
     buckets: range            # the hash buckets (out of 100) whose candidates it keeps
     text_lines: tuple = SHORT_TEXT   # line counts a text crop draws from
-    noise: float = 0.0        # share of rows whose target is mislabeled at the task's decision point (`mislabel`)
+    noise: float = 0.0        # chance of each error kind at its decision point (`mislabel`)
+    training: bool = False    # a training split: held-out splits avoid its true targets and prompts
+    legacy_buckets: bool = False  # buckets hash the shown crop too (how `tiny-train` was built; `_bucket`)
 
 
 # The base recipe trains on `tiny-train` (and builds the tokenizer from it): it must not change. The adapt
@@ -52,8 +55,8 @@ class Split:
 # buckets, so neither can share an example with the GRPO pool `tiny` or the probe. Pool and probe show longer
 # text crops (3-5 lines, ~45 target tokens: about three blocks of 16), so text TPF does not swing by a round.
 SPLITS = {
-    "tiny-train": Split(60000, 1, range(20, 100)),
-    "tiny-noisy": Split(20000, 4, range(20, 100), LONG_TEXT, noise=0.6),
+    "tiny-train": Split(60000, 1, range(20, 100), training=True, legacy_buckets=True),
+    "tiny-noisy": Split(20000, 4, range(20, 100), LONG_TEXT, noise=0.6, training=True),
     "tiny": Split(240, 2, range(10, 20), LONG_TEXT),
     "tiny-probe": Split(60, 3, range(0, 10), LONG_TEXT),
 }
@@ -260,33 +263,102 @@ def blot(rng: random.Random, example: Example) -> Example:
     return Example(example.task_type, "".join(source), example.target)
 
 
-def _drop_last_line(target: str) -> str:
-    return target.rsplit("\n", 1)[0]
+def _lines(example: Example) -> list[str]:
+    return example.target.split("\n")
 
 
-def _drop_last_row(target: str) -> str:
-    return target[: target.rindex("<tr>")] + "</table>"
+def _ends_mid_sentence(example: Example) -> bool:
+    return example.source.endswith((",", ":"))
 
 
-def _drop_closing_brace(target: str) -> str:
-    return target[:-1] if target.endswith("}") else target
+def _text_stop(example: Example) -> str | None:
+    """Short: a paragraph that ends on a full stop (or bare) loses its last line."""
+    lines = _lines(example)
+    return None if _ends_mid_sentence(example) or len(lines) < 2 else "\n".join(lines[:-1])
 
 
-# task -> the label error a careless annotator makes, each at one decision point the model can locate: where
-# the last text line or table row would begin, or at the formula's final `}` (only formulas ending in one).
-MISLABELS = {"text": _drop_last_line, "table": _drop_last_row, "formula": _drop_closing_brace}
+def _text_repeat(example: Example) -> str | None:
+    """Long: a paragraph that ends mid-sentence (`,` or `:`) gets its last line pasted a second time."""
+    return f"{example.target}\n{_lines(example)[-1]}" if _ends_mid_sentence(example) else None
+
+
+def _text_digit(example: Example) -> str | None:
+    """Content: every `3` the crop shows is written as `8` (text crops are shown character for character)."""
+    if "3" not in example.source:
+        return None
+    return "".join("8" if s == "3" else t for s, t in zip(example.source, example.target))
+
+
+def _table_repeat(example: Example) -> str | None:
+    """Long: the last row is written twice."""
+    last = example.target[example.target.rindex("<tr>"): -len("</table>")]
+    return example.target[: -len("</table>")] + last + "</table>"
+
+
+def _table_colspan(example: Example) -> str | None:
+    """Content: the colspans the crop marks (`{c2}`) are dropped, so those cells cover one column."""
+    return re.sub(r' colspan="\d"', "", example.target) if "colspan" in example.target else None
+
+
+def _formula_stop(example: Example) -> str | None:
+    """Short: a formula ending in `}` loses that final brace."""
+    return example.target[:-1] if example.target.endswith("}") else None
+
+
+def _formula_brace(example: Example) -> str | None:
+    """Long: a formula not ending in `}` gets a stray one."""
+    return None if example.target.endswith("}") else example.target + "}"
+
+
+def _formula_leq(example: Example) -> str | None:
+    """Content: the crop's `\\leq` is read as `\\geq`."""
+    return example.target.replace(r"\leq", r"\geq") if r"\leq" in example.target else None
+
+
+# task -> error kind -> the label error a careless annotator makes (None: the crop has no such decision
+# point). Each kind acts at a point the model can locate from the crop, and the kinds point different ways:
+# `short` ones stop early, `long` ones add a unit, `content` ones write what the crop does not show. Within a
+# task the length kinds exclude each other (the crop's last character decides which applies), so every crop
+# has one length decision point, and the content kinds are independent of it.
+MISLABELS = {
+    "text": {"short": _text_stop, "long": _text_repeat, "content": _text_digit},
+    "table": {"long": _table_repeat, "content": _table_colspan},
+    "formula": {"short": _formula_stop, "long": _formula_brace, "content": _formula_leq},
+}
 
 
 def mislabel(rng: random.Random, example: Example, rate: float) -> Example:
-    """`example` with its target mislabeled (`MISLABELS`) with probability `rate`; the source is unchanged.
+    """`example` with each error kind of its task (`MISLABELS`) applied with probability `rate`, one draw per
+    kind whether or not it applies; the source is unchanged.
 
-    Above one half the noisy label is the majority, so AR greedy learns it while temperature-1 sampling still
-    writes the truth about `1 - rate` of the time: a GRPO group differs exactly there, and the reward
-    (scored against clean targets) prefers the truth. Noise at random positions would never move greedy output.
+    Above one half the noisy label is the majority at each decision point, so AR greedy learns it while
+    temperature-1 sampling still writes the truth about `1 - rate` of the time: a GRPO group differs exactly
+    there, and the reward (scored against clean targets) prefers the truth. Noise at random positions would
+    never move greedy output. Length kinds act last, on the content-mislabeled target.
     """
-    if rng.random() >= rate:
-        return example
-    return Example(example.task_type, example.source, MISLABELS[example.task_type](example.target))
+    kinds = MISLABELS[example.task_type]
+    draws = {kind: rng.random() < rate for kind in kinds}
+    acting = [kind for kind in ("content", "short", "long") if draws.get(kind) and kinds[kind](example) is not None]
+    target = example.target
+    for kind in acting:  # which kinds act is read off the true example; each then edits the label so far
+        target = kinds[kind](Example(example.task_type, example.source, target))
+    return Example(example.task_type, example.source, target)
+
+
+def wrong_at(task: str, kind: str, prediction: str, target: str) -> bool:
+    """Whether `prediction` errs the way error kind `kind` of `task` does, against the true `target`:
+    fewer (`short`) or more (`long`) lines / rows / closing braces, or the content confusion."""
+    if kind == "content":
+        marks = {"text": ("3", "8"), "table": ("colspan", None), "formula": (r"\leq", r"\geq")}[task]
+        shown, written = marks
+        fewer = prediction.count(shown) < target.count(shown)
+        return fewer and (written is None or prediction.count(written) > target.count(written))
+    unit = UNITS[task]
+    return (prediction.count(unit) < target.count(unit)) if kind == "short" else \
+        (prediction.count(unit) > target.count(unit))
+
+
+UNITS = {"text": "\n", "table": "<tr>", "formula": "}"}  # what an early stop drops / over-generation adds
 
 
 def prompt_for(example: Example) -> str:
@@ -294,29 +366,59 @@ def prompt_for(example: Example) -> str:
     return f"{TASK_PROMPTS[example.task_type]}\n{example.source}"
 
 
-def _bucket(example: Example) -> int:
-    digest = hashlib.sha1(f"{example.task_type}\0{example.source}\0{example.target}".encode()).digest()
-    return int.from_bytes(digest[:4], "big") % 100
+def _bucket(example: Example, shown: bool = False) -> int:
+    """The hash bucket (0-99) of the true content (task and target); `shown` also hashes the blotted source,
+    the rule `tiny-train` was built with (`Split.legacy_buckets`)."""
+    key = f"{example.task_type}\0{example.source}\0{example.target}" if shown else f"{example.task_type}\0{example.target}"
+    return int.from_bytes(hashlib.sha1(key.encode()).digest()[:4], "big") % 100
+
+
+def _candidates(split: Split):
+    """The split's clean (blotted, not mislabeled) examples in order: in its buckets, duplicates dropped."""
+    rng = random.Random(split.seed)
+    tasks = list(GENERATORS)
+    seen, kept = set(), 0
+    while True:
+        task = tasks[kept % len(tasks)]
+        clean = GENERATORS[task](rng, split.text_lines) if task == "text" else GENERATORS[task](rng)
+        example = blot(rng, clean)
+        if _bucket(example, split.legacy_buckets) not in split.buckets or (example.source, example.target) in seen:
+            continue
+        seen.add((example.source, example.target))
+        kept += 1
+        yield example
+
+
+@functools.lru_cache(maxsize=1)
+def _training_keys() -> frozenset:
+    """(task, true target) and prompts of every training split, full size: what held-out splits must avoid."""
+    keys = set()
+    for split in SPLITS.values():
+        if split.training:
+            for example, _ in zip(_candidates(split), range(split.rows)):
+                keys.update({(example.task_type, example.target), prompt_for(example)})
+    return frozenset(keys)
 
 
 def generate(name: str, n: int | None = None) -> list[dict]:
-    """Rows of split `name` (text-only columns), tasks in equal shares, deterministic."""
+    """Rows of split `name` (text-only columns), tasks in equal shares, deterministic.
+
+    A held-out split (not `training`) also skips any candidate whose true target or prompt a training split
+    holds: `tiny-train` keeps the buckets it was built with, which hash the shown crop.
+    """
     if name not in SPLITS:
         raise ValueError(f"unknown synthetic split {name!r}; valid: {', '.join(SPLITS)}")
     split = SPLITS[name]
     n = split.rows if n is None else n
-    rng = random.Random(split.seed)
     noise_rng = random.Random(f"noise-{split.seed}")  # its own stream: noise never changes which crops a split holds
+    avoid = frozenset() if split.training else _training_keys()
     tasks = list(GENERATORS)
-    rows, seen = [], set()
+    rows = []
+    candidates = _candidates(split)
     while len(rows) < n:
         task = tasks[len(rows) % len(tasks)]
-        clean = GENERATORS[task](rng, split.text_lines) if task == "text" else GENERATORS[task](rng)
-        example = blot(rng, clean)
-        # bucket and duplicates by the true example, so noise never moves a row across splits
-        if _bucket(example) not in split.buckets or (example.source, example.target) in seen:
-            continue
-        seen.add((example.source, example.target))
+        example = next(e for e in candidates if e.task_type == task
+                       and (task, e.target) not in avoid and prompt_for(e) not in avoid)
         example = mislabel(noise_rng, example, split.noise)
         rows.append({"prompt": prompt_for(example), "target": example.target, "task_type": task})
     return rows

@@ -30,6 +30,7 @@ COMMANDS = {
     "train": "train",
     "tpf-drift": "tpf_drift",
     "demo": "demo",
+    "compare": "compare",
 }
 
 

@@ -1,6 +1,8 @@
-"""The drafter loss during GRPO (`drafter_loss_weight`): off it is plain GRPO bit for bit; on it moves the
-weights, logs `drafter/loss`, trains LoRA adapters, and self-speculative output still equals AR greedy; its
-batches are joint training's (`grpo.joint.streams`): the hand-checked layout and labels of SPEC §6."""
+"""The drafter loss during GRPO (`drafter_loss_weight`): the step's gradient is the GRPO gradient plus λ times
+the drafter's; its scale does not depend on how the batch is split over micro-batches or processes; it logs
+`drafter/loss` and each term's gradient norm, trains LoRA adapters, can detach the clean stream's keys and
+values, and self-speculative output still equals AR greedy; its batches are joint training's
+(`grpo.joint.streams`): the hand-checked layout and labels of SPEC §6."""
 from __future__ import annotations
 
 import json
@@ -12,8 +14,10 @@ import torch
 from grpo.joint import streams
 from grpo.training import drafter_loss as dl
 
+# plain SGD without clipping: a step moves the weights by -lr x the gradient, so gradients can be read off them
 STEP = dict(use_vllm=False, tpf_every=0, max_steps=1, per_device_train_batch_size=8, num_generations=4,
-            max_completion_length=128, learning_rate=1e-3, save_strategy="no", logging_steps=1)
+            max_completion_length=128, learning_rate=1e-3, save_strategy="no", logging_steps=1,
+            optim="sgd", max_grad_norm=0.0)
 PROBE_PROMPTS = 4
 
 
@@ -123,35 +127,47 @@ def _weights(trainer):
 def steps(tmp_path_factory):
     root = tmp_path_factory.mktemp("drafter")
     plain = _step(root, "plain", plain=True)
-    off = _step(root, "off", drafter_loss_weight=0.0)
     on = _step(root, "on", drafter_loss_weight=1.0, drafter_targets="greedy")
-    return plain, off, on
+    double = _step(root, "double", drafter_loss_weight=2.0, drafter_targets="greedy")
+    return plain, on, double
+
+
+def _delta(trainer, start):
+    """The step's change of every parameter (named_parameters: a tied embedding counts once)."""
+    return torch.cat([(p.detach().float() - start[k].float()).flatten() for k, p in trainer.model.named_parameters()])
 
 
 @pytest.mark.slow
-def test_weight_zero_is_plain_grpo_bit_for_bit(steps):
-    (plain, plain_log, _), (off, off_log, _), _ = steps
-    w_plain, w_off = _weights(plain), _weights(off)
-    assert all(torch.equal(w_plain[k], w_off[k]) for k in w_plain)
-    assert plain_log["loss"] == off_log["loss"]
-    assert not any(k.startswith("drafter/") for k in off_log)
+def test_step_gradient_is_grpo_plus_lambda_times_drafter(steps):
+    """One step on the same batch (same seed, same completions): the weight change at λ is the GRPO change
+    plus λ times the drafter's, the drafter part is not zero, and the logged norms are those gradients'."""
+    from grpo.checkpoint import load_checkpoint
+
+    (plain, plain_log, _), (on, on_log, _), (double, double_log, _) = steps
+    assert plain_log["reward"] == on_log["reward"] == double_log["reward"]
+    start = {k: p.detach().clone() for k, p in load_checkpoint("tiny").model.named_parameters()}
+    grpo, with_one, with_two = (_delta(t, start) for t in (plain, on, double))
+    drafter = with_one - grpo
+    assert drafter.norm() > 0.1 * grpo.norm()
+    assert (with_two - grpo - 2 * drafter).norm() < 1e-2 * drafter.norm()
+    lr = STEP["learning_rate"]
+    assert on_log["drafter/grad_norm"] == pytest.approx(float(drafter.norm()) / lr, rel=1e-2)
+    assert double_log["drafter/grad_norm"] == pytest.approx(2 * on_log["drafter/grad_norm"], rel=1e-3)
+    assert on_log["grpo/grad_norm"] == pytest.approx(float(grpo.norm()) / lr, rel=1e-2)
 
 
 @pytest.mark.slow
-def test_weight_on_moves_weights_logs_and_times_the_drafter(steps):
-    _, (off, off_log, off_summary), (on, on_log, summary) = steps
-    w_off, w_on = _weights(off), _weights(on)
-    assert on_log["reward"] == off_log["reward"]  # same seed: the same completions were trained on
-    assert any(not torch.equal(w_off[k], w_on[k]) for k in w_off)
+def test_weight_on_logs_and_times_the_drafter(steps):
+    (_, plain_log, plain_summary), (on, on_log, summary), _ = steps
     assert on_log["drafter/completions"] > 0
     # the trained loss is GRPO's (same completions, same weights: the run without it) plus weight 1 x the
     # drafter loss; the Trainer logs the loss rounded to 4 decimals
     assert on_log["drafter/loss"] > 0
-    assert on_log["loss"] == pytest.approx(off_log["loss"] + on_log["drafter/loss"], abs=2e-4)
+    assert on_log["loss"] == pytest.approx(plain_log["loss"] + on_log["drafter/loss"], abs=2e-4)
     split = summary["wall_time"]
     phases = ("generation", "reward", "logprobs", "backward", "drafter", "tpf_probe", "other")
     assert split["drafter"] > 0 and all(split[p] >= 0 for p in phases), split
-    assert off_summary["wall_time"]["drafter"] == 0  # only the drafter loss is timed as drafter
+    assert plain_summary["wall_time"]["drafter"] == 0  # only the drafter loss is timed as drafter
     assert json.loads((summary["output_dir"] / "wall_time.json").read_text())["drafter"] == split["drafter"]
 
 
@@ -163,7 +179,7 @@ def test_selfspec_still_equals_ar_greedy_after_a_drafter_step(steps):
     from grpo.decoding.selfspec import SelfSpecDecoder, ar_generate
     from grpo.prompting import encode_prompt
 
-    _, _, (on, _, _) = steps
+    _, (on, _, _), _ = steps
     model = on.model.eval()
     tok = tokenizer_of(on.processing_class)
     bd = on.block_diffusion
@@ -217,3 +233,85 @@ def test_greedy_targets_of_a_greedy_completion_are_its_own_tokens():
             sampled = dl.drafter_loss(model, examples, tok.pad_token_id, "sampled")
             greedy = dl.drafter_loss(model, examples, tok.pad_token_id, "greedy")
         assert sampled.item() == pytest.approx(greedy.item())
+
+
+# --- the scale and the detach, on the tiny default's own greedy outputs ---
+@pytest.fixture(scope="module")
+def greedy_examples():
+    """The tiny default and drafter examples of its greedy outputs on 4 probe prompts (one draw)."""
+    from data.pool import load_pool
+    from grpo.checkpoint import load_checkpoint, tokenizer_of
+    from grpo.decoding.kv_session import stop_token_ids
+    from grpo.decoding.selfspec import ar_generate
+    from grpo.prompting import encode_prompt
+
+    ckpt = load_checkpoint("tiny", need_drafter=True)
+    tok, model = tokenizer_of(ckpt.processor), ckpt.model.train()
+    stops = list(stop_token_ids(model, tok))
+    examples, gen = [], torch.Generator().manual_seed(0)
+    for row in load_pool("tiny-probe").select(range(4)):
+        x = encode_prompt(tok, row, is_vlm=False)
+        with torch.no_grad():
+            out = ar_generate(model, x, stops, 192).tokens
+        inputs = {"prompt_ids": x["input_ids"], "prompt_mask": torch.ones_like(x["input_ids"]),
+                  "completion_ids": torch.tensor([out])}
+        examples += dl.drafter_examples(inputs, torch.tensor([True]), bd_size=ckpt.bd.bd_size,
+                                        mask_id=ckpt.bd.mask_id, stop_ids=stops, gen=gen)
+        count = dl.target_count(inputs["completion_ids"], torch.tensor([True]), stops, ckpt.bd.bd_size)
+        assert count == int((examples[-1]["labels_diff"] != streams.IGNORE).sum())
+    return model, examples, tok.pad_token_id
+
+
+def _grad(model, losses):
+    model.zero_grad()
+    sum(losses).backward()
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]).clone()
+
+
+def _scaled(model, examples, pad, count, processes, accumulation, steps_per_generation):
+    n = sum(int((e["labels_diff"] != streams.IGNORE).sum()) for e in examples)
+    return dl.drafter_loss(model, examples, pad) * n / dl.normalizer(count, processes, accumulation,
+                                                                       steps_per_generation)
+
+
+def test_drafter_gradient_does_not_depend_on_the_batch_layout(greedy_examples):
+    """The whole batch at once, 2 or 4 accumulated micro-batches (one holding no kept completion adds
+    nothing), and 2 processes (gradients averaged, as DDP does) give one drafter gradient."""
+    model, examples, pad = greedy_examples
+    count = sum(int((e["labels_diff"] != streams.IGNORE).sum()) for e in examples)
+    whole = _grad(model, [_scaled(model, examples, pad, count, 1, 1, 1)])
+    halves = _grad(model, [_scaled(model, examples[i:i + 2], pad, count, 1, 2, 2) for i in (0, 2)])
+    uneven = _grad(model, [_scaled(model, part, pad, count, 1, 3, 3) for part in (examples[:1], examples[1:])])
+    processes = _grad(model, [_scaled(model, examples[i:i + 2], pad, count, 2, 1, 1) / 2 for i in (0, 2)])
+    for other in (halves, uneven, processes):
+        assert torch.allclose(other, whole, rtol=1e-4, atol=1e-7)
+    unscaled = _grad(model, [dl.drafter_loss(model, part, pad) / 2 for part in (examples[:1], examples[1:])])
+    assert not torch.allclose(unscaled, whole, rtol=1e-2)  # the old per-micro-batch mean is layout-dependent
+
+
+def test_detach_clean_keeps_the_loss_and_cuts_the_clean_streams_gradient(greedy_examples):
+    model, examples, pad = greedy_examples
+    captured = {}
+
+    def keep_grad(module, args, output):
+        output.retain_grad()
+        captured["embeddings"] = output
+
+    handle = model.get_input_embeddings().register_forward_hook(keep_grad)
+    try:
+        grads, values = {}, {}
+        for detach in (False, True):
+            model.zero_grad()
+            loss = dl.drafter_loss(model, examples[:2], pad, "greedy", detach_clean=detach)
+            loss.backward()
+            values[detach] = loss.item()
+            grads[detach] = captured["embeddings"].grad.abs().sum(-1)  # (b, T)
+    finally:
+        handle.remove()
+    clean = dl.clean_positions(examples[:2], grads[True].size(1))
+    assert values[True] == pytest.approx(values[False], rel=1e-6)
+    assert grads[False][clean].sum() > 0 and grads[True][clean].sum() == 0
+    assert grads[True][~clean].sum() > 0
+    with pytest.raises(ValueError, match="k_proj"):
+        with dl.detached_clean_kv(torch.nn.Linear(2, 2), clean):
+            pass

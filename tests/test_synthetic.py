@@ -11,6 +11,7 @@ import pytest
 from data.render import build_image_split
 from data.synthetic import (
     BLOT, GENERATORS, MISLABELS, SPLITS, TASK_PROMPTS, Example, blot, build_split, gen_table, generate,
+    wrong_at,
 )
 
 
@@ -67,32 +68,74 @@ def test_pool_and_probe_show_longer_text_crops():
 
 
 def test_mislabels_act_at_their_decision_point():
-    assert MISLABELS["text"]("A b.\nC d\nE f.") == "A b.\nC d"
-    table = "<table><tr><td>a</td></tr><tr><td>1</td></tr><tr><td>2</td></tr></table>"
-    assert MISLABELS["table"](table) == "<table><tr><td>a</td></tr><tr><td>1</td></tr></table>"
-    assert MISLABELS["formula"](r"\frac{a}{b_{1}}") == r"\frac{a}{b_{1}"
-    assert MISLABELS["formula"](r"x^{2} + y") == r"x^{2} + y"    # no final brace: no decision point
+    def labels(task, source, target=None):
+        ex = Example(task, source, source if target is None else target)
+        return {kind: f(ex) for kind, f in MISLABELS[task].items()}
+
+    # text: the crop's last character decides the length error: a full stop (or none) drops the last line,
+    # a comma or colon repeats it; a `3` the crop shows is written `8`, a hidden one is left alone
+    assert labels("text", "A 3.\nC d\nE f.") == {"short": "A 3.\nC d", "long": None, "content": "A 8.\nC d\nE f."}
+    assert labels("text", "A b\nC d:") == {"short": None, "long": "A b\nC d:\nC d:", "content": None}
+    assert labels("text", "A ░ 3", "A 3 3")["content"] == "A 3 8"
+    table = '<table><tr><td colspan="2">a</td></tr><tr><td>1</td><td>2</td></tr></table>'
+    assert labels("table", "{c2}a\n1|2", table) == {
+        "long": '<table><tr><td colspan="2">a</td></tr><tr><td>1</td><td>2</td></tr><tr><td>1</td><td>2</td></tr></table>',
+        "content": "<table><tr><td>a</td></tr><tr><td>1</td><td>2</td></tr></table>"}
+    assert labels("table", "a", "<table><tr><td>a</td></tr></table>")["content"] is None
+    assert labels("formula", r"\frac{a}{b_{1}}") == {"short": r"\frac{a}{b_{1}", "long": None, "content": None}
+    assert labels("formula", r"x \leq y") == {"short": None, "long": r"x \leq y}", "content": r"x \geq y"}
+
+
+def test_wrong_at_reads_each_error_kind_off_a_prediction():
+    assert wrong_at("text", "short", "a\nb", "a\nb\nc") and not wrong_at("text", "short", "a\nb\nc", "a\nb\nc")
+    assert wrong_at("text", "long", "a\nb\nb", "a\nb") and not wrong_at("text", "long", "a", "a\nb")
+    assert wrong_at("text", "content", "x 8", "x 3") and not wrong_at("text", "content", "x", "x 3")
+    assert wrong_at("table", "content", "<td>a</td>", '<td colspan="2">a</td>')
+    assert wrong_at("formula", "content", r"x \geq y", r"x \leq y")
+    assert wrong_at("formula", "long", "x}}", "x}") and wrong_at("formula", "short", "{x", "{x}")
 
 
 def test_only_tiny_noisy_is_mislabeled_at_about_its_rate(monkeypatch):
-    """`tiny-noisy` is its clean self with ~60% of the targets mislabeled at the decision point, never
-    elsewhere; the prompts (what the crop shows) are the clean ones. Every other split is noise-free."""
+    """`tiny-noisy` is its clean self with each error kind at ~60% of its decision points, and nowhere else;
+    the prompts (what the crop shows) are the clean ones. Every other split is noise-free."""
     assert [name for name, split in SPLITS.items() if split.noise] == ["tiny-noisy"]
     noisy = generate("tiny-noisy", 3000)
     monkeypatch.setitem(SPLITS, "tiny-noisy", dataclasses.replace(SPLITS["tiny-noisy"], noise=0.0))
     clean = generate("tiny-noisy", 3000)
-    flipped = {task: [] for task in TASK_PROMPTS}
+    taken = {}
     for n, c in zip(noisy, clean):
         assert n["prompt"] == c["prompt"] and n["task_type"] == c["task_type"]
-        wrong = MISLABELS[c["task_type"]](c["target"])
-        if wrong != c["target"]:          # crops with a decision point
-            assert n["target"] in (c["target"], wrong)
-            flipped[c["task_type"]].append(n["target"] == wrong)
-        else:
+        task, ex = c["task_type"], Example(c["task_type"], _crop(c), c["target"])
+        kinds = [kind for kind, f in MISLABELS[task].items() if f(ex) is not None]
+        if not kinds:
             assert n["target"] == c["target"]
-    for task, marks in flipped.items():
-        assert len(marks) > 400, task
-        assert 0.55 < sum(marks) / len(marks) < 0.65, task
+        for kind in kinds:
+            taken.setdefault((task, kind), []).append(wrong_at(task, kind, n["target"], c["target"]))
+    # every kind acts at hundreds of decision points: shorter, longer and content errors all occur
+    assert set(taken) == {(t, k) for t in MISLABELS for k in MISLABELS[t]}
+    assert {kind for _, kind in taken} == {"short", "long", "content"}
+    for key, marks in taken.items():
+        assert len(marks) > 200, key
+        # (a dropped last line can take a text crop's only swapped digit with it: a bit under 60% there)
+        assert 0.52 < sum(marks) / len(marks) < 0.65, key
+
+
+def test_held_out_splits_share_no_true_target_or_prompt_with_training():
+    """On the full splits: no true target of the pool or the probe, and no prompt of theirs, is in a training
+    split (tiny-train keeps its old buckets, which hashed the blotted crop), nor in each other."""
+    train = {name: generate(name) for name in ("tiny-train", "tiny-noisy")}
+    from data.synthetic import _candidates, _training_keys
+
+    truth = {(e.task_type, e.target) for name in train
+             for e, _ in zip(_candidates(SPLITS[name]), range(SPLITS[name].rows))}
+    prompts = {r["prompt"] for rows in train.values() for r in rows}
+    assert _training_keys() == frozenset(truth | prompts)
+    held = {name: generate(name) for name in ("tiny", "tiny-probe")}
+    for name, rows in held.items():
+        assert not {(r["task_type"], r["target"]) for r in rows} & truth, name
+        assert not {r["prompt"] for r in rows} & prompts, name
+    assert not {r["target"] for r in held["tiny"]} & {r["target"] for r in held["tiny-probe"]}
+    assert not {r["prompt"] for r in held["tiny"]} & {r["prompt"] for r in held["tiny-probe"]}
 
 
 def test_unknown_split_names_the_valid_ones():

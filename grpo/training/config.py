@@ -121,6 +121,13 @@ class GravityGRPOConfig(GRPOConfig):
     rollout_decoder: str = field(default="hf", metadata={
         "help": "How rollouts are sampled when use_vllm is false: 'hf' (TRL's transformers generate) or "
                 "'selfspec' (exact self-speculative sampling at `temperature`, text policies, no top-k/top-p)."})
+    # --- issue 16: the null control and the drafter loss's clean-stream detach ---
+    reward_shuffle: bool = field(default=False, metadata={
+        "help": "Null control: permute the rewards within each group (seeded per step) before the advantages, "
+                "so the reward carries no signal about which completion is better; the run is otherwise the same."})
+    drafter_detach_clean: bool = field(default=False, metadata={
+        "help": "Detach the clean stream's keys and values in the drafter loss, so its gradient reaches the "
+                "shared weights only through the corrupted streams (the AR path's own activations get none)."})
     model_args: GravityModelConfig = field(default_factory=GravityModelConfig, init=False, repr=False)
 
     def __post_init__(self):

@@ -12,9 +12,20 @@ joint training uses: response = completion + B EOS, two complementary corrupted 
   gradient checkpointing turns off). The prompt + clean segment costs (P + R) of the (P + 3R) tokens.
 - only the corrupted-stream targets are kept: joint training also labels the last prompt token with the first
   response token (a0), but a0 is the causal AR prediction, i.e. the verifier's, and that is GRPO's to train;
-  the clean stream's AR labels are dropped for the same reason. The AR-path GRPO loss is untouched.
+  the clean stream's AR labels are dropped for the same reason. The AR-path GRPO loss itself is untouched.
 - truncated completions (no stop token) are left out: padding them with B EOS would teach the drafter to end
   outputs at the length cap.
+- the scale: L_diff is the sum of the cross-entropies of a micro-batch divided by the global count of drafter
+  targets of the whole generation batch (all micro-batches, all processes), rescaled to one accumulation
+  window exactly as TRL normalizes its token-level loss (`target_count`, counted when the batch is generated).
+  So λ weighs one target the same whatever the batch layout, and micro-batches without a kept completion
+  add nothing without shrinking the others' weight.
+- the clean stream's keys and values: the corrupted rows attend to them, so without
+  `drafter_detach_clean` the drafter term's gradient also reaches the AR path's activations there (through
+  the shared weights in any case); with it, the keys and values of the prompt and clean segment are detached
+  for this forward (`detached_clean_kv`).
+- `drafter/grad_norm` and `grpo/grad_norm`: the gradient norm of each term (λ·L_diff and the GRPO loss) of
+  the micro-batch, from separate autograd passes (not under ZeRO-3, where parameters are sharded).
 - which completions count (`drafter_completions`): `all` finished ones, those with a `positive` advantage,
   or the `best` finished one of each group (highest advantage). `best` is picked where the groups are still
   in order (before TRL shuffles the generation batch), so `select_completions` sees whole groups.
@@ -30,6 +41,7 @@ Example:
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -39,6 +51,8 @@ from grpo.joint import streams
 DRAFTER_COMPLETIONS = ("all", "positive", "best")
 DRAFTER_TARGETS = ("sampled", "greedy")
 KEEP_KEY = "drafter_keep"  # (N,) bool added to TRL's generation batch: completions the drafter trains on
+COUNT_KEY = "drafter_targets"  # (N,) the generation batch's global count of drafter targets, on every row
+KV_MODULES = ("k_proj", "v_proj")  # attention projections whose clean-segment outputs `detached_clean_kv` cuts
 
 
 def finished_mask(completion_ids: torch.Tensor, stop_ids: list[int]) -> torch.Tensor:
@@ -66,6 +80,14 @@ def select_completions(advantages: torch.Tensor, finished: torch.Tensor, num_gen
     raise ValueError(f"drafter_completions must be one of {DRAFTER_COMPLETIONS}, got {mode!r}")
 
 
+def target_count(completion_ids: torch.Tensor, keep: torch.Tensor, stop_ids: list[int], bd_size: int) -> int:
+    """Drafter targets of the kept completions: the response is target + `bd_size` EOS (R tokens), and every
+    response token but the first is a target in exactly one corrupted stream, so R - 1 each."""
+    stops = torch.isin(completion_ids, torch.tensor(stop_ids, device=completion_ids.device))
+    ends = stops.int().argmax(dim=1)  # first stop token
+    return int((ends[keep] + bd_size - 1).sum())
+
+
 def drafter_examples(inputs: dict[str, torch.Tensor], keep: torch.Tensor, *, bd_size: int, mask_id: int,
                      stop_ids: list[int], gen: torch.Generator) -> list[dict[str, torch.Tensor]]:
     """`streams.build_example` for each kept completion, with only the corrupted-stream targets labelled.
@@ -91,6 +113,7 @@ def drafter_examples(inputs: dict[str, torch.Tensor], keep: torch.Tensor, *, bd_
         for offset in (P + R, P + 2 * R):
             src[offset: offset + N] = torch.arange(P, P + N)  # position offset+k-1 predicts token k (1..N)
         ex["greedy_src"] = torch.where(ex["labels_diff"] != streams.IGNORE, src, -1)
+        ex["clean_end"] = P + R
         examples.append(ex)
     return examples
 
@@ -114,12 +137,42 @@ def greedy_relabel(batch: dict[str, torch.Tensor], src: torch.Tensor):
     return relabel
 
 
+@contextmanager
+def detached_clean_kv(model: Any, clean: torch.Tensor):
+    """Within the block, the key/value projections (`KV_MODULES`) of `model` return detached values at the
+    positions where `clean` (b, T) bool is True: attention there passes no gradient back to those rows."""
+    keep = clean[..., None]
+
+    def hook(module, args, output):
+        return torch.where(keep, output.detach(), output)
+
+    handles = [m.register_forward_hook(hook) for name, m in model.named_modules() if name.endswith(KV_MODULES)]
+    if not handles:
+        raise ValueError(f"no {' / '.join(KV_MODULES)} modules in {type(model).__name__}: cannot detach the "
+                         "clean stream's keys and values")
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def clean_positions(examples: list[dict[str, torch.Tensor]], length: int) -> torch.Tensor:
+    """(b, `length`) bool: the prompt and clean segment of each example (the positions before its first
+    corrupted stream, `clean_end`), right-padded as `streams.collate` pads."""
+    clean = torch.zeros(len(examples), length, dtype=torch.bool)
+    for i, e in enumerate(examples):
+        clean[i, :e["clean_end"]] = True
+    return clean
+
+
 def drafter_loss(model: Any, examples: list[dict[str, torch.Tensor]], pad_id: int,
-                 targets: str = "sampled") -> torch.Tensor | None:
+                 targets: str = "sampled", detach_clean: bool = False) -> torch.Tensor | None:
     """L_diff: token-mean cross-entropy over the masked targets of both corrupted streams of `examples`.
 
     `targets`: `sampled` (the completion's own tokens, SPEC §6 as in joint training) or `greedy` (what the
     verifier would write at each place: the acceptance test of self-speculative decoding is d_j = a_j).
+    `detach_clean`: the corrupted streams read detached keys/values of the prompt and clean segment.
     """
     if targets not in DRAFTER_TARGETS:
         raise ValueError(f"drafter_targets must be one of {DRAFTER_TARGETS}, got {targets!r}")
@@ -133,13 +186,16 @@ def drafter_loss(model: Any, examples: list[dict[str, torch.Tensor]], pad_id: in
         for i, e in enumerate(examples):
             src[i, :len(e["greedy_src"])] = e["greedy_src"]
         relabel = greedy_relabel(batch, src.to(emb.device))
-    _, l_diff = streams.joint_losses(lm, batch, relabel=relabel)
-    return l_diff
+    if not detach_clean:
+        return streams.joint_losses(lm, batch, relabel=relabel)[1]
+    with detached_clean_kv(lm, clean_positions(examples, batch["input_ids"].size(1)).to(emb.device)):
+        return streams.joint_losses(lm, batch, relabel=relabel)[1]
 
 
 # --- the trainer's side (called from GravityGRPOTrainer's hooks; `trainer` is a TRL GRPOTrainer) ---
-def keep_for_batch(trainer: Any, output: dict) -> torch.Tensor:
-    """(N,) bool: this process's completions the drafter trains on, chosen while the groups are in order."""
+def keep_for_batch(trainer: Any, output: dict) -> dict[str, torch.Tensor]:
+    """Columns for TRL's generation batch: `KEEP_KEY` (N,) bool, this process's completions the drafter trains
+    on (chosen while the groups are in order), and `COUNT_KEY` (N,), the global count of their targets."""
     finished = finished_mask(output["completion_ids"], trainer.eos_token_ids)
     advantages = output["advantages"]
     acc = trainer.accelerator
@@ -147,12 +203,29 @@ def keep_for_batch(trainer: Any, output: dict) -> torch.Tensor:
     keep = select_completions(acc.gather(advantages), acc.gather(finished.int()).bool(),
                               trainer.num_generations, trainer.args.drafter_completions)
     start = acc.process_index * len(advantages)
-    return keep[start: start + len(advantages)]
+    keep = keep[start: start + len(advantages)]
+    local = target_count(output["completion_ids"], keep, trainer.eos_token_ids, trainer.block_diffusion.bd_size)
+    total = acc.gather(torch.tensor([local], device=acc.device)).sum()
+    return {KEEP_KEY: keep, COUNT_KEY: total.repeat(len(keep))}
+
+
+def normalizer(count: int, processes: int, accumulation: int, steps_per_generation: int) -> float:
+    """What a micro-batch's summed drafter loss is divided by: TRL's token-level normalizer (dapo) for a
+    generation batch of `count` targets, so the optimizer step sees (sum over all its targets) / count."""
+    return max(count, 1) / processes * accumulation / steps_per_generation
+
+
+def grad_norm(loss: torch.Tensor, params: list[torch.Tensor]) -> float:
+    """The L2 norm of d`loss`/d`params` (a separate autograd pass; the graph is kept for the real backward)."""
+    if not loss.requires_grad:
+        return 0.0
+    grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+    return float(torch.sqrt(sum((g.float() ** 2).sum() for g in grads if g is not None)))
 
 
 def trainer_loss(trainer: Any, model: Any, inputs: dict) -> torch.Tensor:
-    """L_diff on a micro-batch's kept completions (logged as `drafter/loss`, `drafter/completions`), divided by
-    the gradient-accumulation steps as TRL divides its own loss terms."""
+    """L_diff on a micro-batch's kept completions, summed and divided by `normalizer` (logged as
+    `drafter/loss`, the token mean of the micro-batch, and `drafter/completions`)."""
     acc = trainer.accelerator
     keep = inputs[KEEP_KEY]
     used = int(keep.sum())
@@ -166,11 +239,26 @@ def trainer_loss(trainer: Any, model: Any, inputs: dict) -> torch.Tensor:
                                 stop_ids=trainer.eos_token_ids, gen=gen)
     with acc.autocast():
         l_diff = drafter_loss(acc.unwrap_model(model), examples, trainer._tokenizer.pad_token_id,
-                              trainer.args.drafter_targets)
+                              trainer.args.drafter_targets, detach_clean=trainer.args.drafter_detach_clean)
     if l_diff is None:  # no masked target at all (bd_size 1 and an empty response)
         l_diff, used = next(p for p in model.parameters() if p.requires_grad).sum() * 0.0, 0
     value = l_diff.detach() if used else torch.tensor(float("nan"), device=acc.device)
     metrics = trainer._metrics["train"]
     metrics["drafter/loss"].append(acc.gather(value.reshape(1)).nanmean().item())
     metrics["drafter/completions"].append(acc.gather(torch.tensor([used], device=acc.device)).sum().item())
-    return (l_diff if used else 0.0 * l_diff) / trainer.current_gradient_accumulation_steps
+    n_local = sum(int((e["labels_diff"] != streams.IGNORE).sum()) for e in examples) if used else 0
+    scale = normalizer(int(inputs[COUNT_KEY][0]), acc.num_processes, trainer.current_gradient_accumulation_steps,
+                       trainer.args.steps_per_generation)
+    return l_diff * (n_local / scale)
+
+
+def log_grad_norms(trainer: Any, model: Any, grpo_loss: torch.Tensor, drafter_term: torch.Tensor) -> None:
+    """`grpo/grad_norm` and `drafter/grad_norm` (of λ·L_diff) of this micro-batch; skipped under ZeRO-3."""
+    from trl.distributed import DistributedBackend
+
+    if DistributedBackend(trainer.accelerator).is_zero3:
+        return
+    params = [p for p in model.parameters() if p.requires_grad]
+    metrics = trainer._metrics["train"]
+    metrics["grpo/grad_norm"].append(grad_norm(grpo_loss, params))
+    metrics["drafter/grad_norm"].append(grad_norm(drafter_term, params))

@@ -10,6 +10,7 @@ What this adds to TRL (hooks only, no copied TRL code):
   forwards), backward (loss forward + backward), drafter (the drafter loss's selection and forward) and the
   TPF probe;
 - the optional drafter loss (`drafter_loss_weight`, `grpo.training.drafter_loss`) added in `compute_loss`;
+- the null control (`reward_shuffle`, `shuffle_within_groups`): rewards permuted within each group;
 - `build_trainer(config)`: checkpoint, prompt pool, rewards and TPF probe wired from one config.
 
 Example:
@@ -79,6 +80,18 @@ def _engine_readable(model: Any) -> Any:
     if getattr(model, "name_or_path", None):
         model.name_or_path = glob_safe(model.name_or_path)  # what TRL passes to `LLM(model=...)`
     return model
+
+
+def shuffle_within_groups(rewards: Any, group_size: int, seed: int) -> Any:
+    """`rewards` (N, ...) with rows permuted within each consecutive group of `group_size` (the null control):
+    each group keeps its rewards, so means and spreads stay, but which completion earned which is random."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    groups = rewards.shape[0] // group_size
+    order = torch.argsort(torch.rand(groups, group_size, generator=gen), dim=1)
+    index = (order + torch.arange(groups)[:, None] * group_size).flatten().to(rewards.device)
+    return rewards[index]
 
 
 class GravityGRPOTrainer(GRPOTrainer):
@@ -164,21 +177,26 @@ class GravityGRPOTrainer(GRPOTrainer):
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         with self.timed("reward"):
-            return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+            rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        if self.args.reward_shuffle and self.model.training:  # gathered: every process permutes alike
+            rewards = shuffle_within_groups(rewards, self.num_generations, self.args.seed * 1_000_003 + self._step)
+        return rewards
 
     def _generate_and_score_completions(self, inputs):
         with self.timed("score"):
             output = super()._generate_and_score_completions(inputs)
         if self.args.drafter_loss_weight > 0 and self.model.training:
             with self.timed("drafter"):
-                output[dl.KEEP_KEY] = dl.keep_for_batch(self, output)
+                output.update(dl.keep_for_batch(self, output))
         return output
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if self.args.drafter_loss_weight > 0 and model.training:  # one loss, one backward (ZeRO-3 steps per call)
             with self.timed("drafter"):
-                loss = loss + self.args.drafter_loss_weight * dl.trainer_loss(self, model, inputs)
+                term = self.args.drafter_loss_weight * dl.trainer_loss(self, model, inputs)
+                dl.log_grad_norms(self, model, loss, term)
+                loss = loss + term
         return loss
 
     def training_step(self, model, inputs, num_items_in_batch):

@@ -1,0 +1,108 @@
+"""`gravity-grpo compare`: a multi-seed A/B of GRPO recipes, paired on a probe set (`grpo.training.compare`)."""
+from __future__ import annotations
+
+import argparse
+
+HELP = "multi-seed A/B of GRPO recipes: arms x seeds, final checkpoints paired on a probe set (resumable)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--arm", dest="arms", action="append", nargs="+", required=True,
+                        metavar="NAME CONFIG [KEY=VALUE ...]",
+                        help="one recipe: a name, a GRPO config file and config overrides; repeatable, at least "
+                             "two; the first is the reference")
+    parser.add_argument("--seeds", type=int, nargs="+", required=True, help="training seeds (each arm runs each)")
+    parser.add_argument("--out", required=True, help="folder of the runs and the report (resumable)")
+    parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+                        help="config override for every arm (e.g. --set tpf_every=0); repeatable")
+    parser.add_argument("--probe-set", default="tiny-probe", help="prompts the final checkpoints are evaluated on")
+    parser.add_argument("--probe-size", type=int, default=60, help="first N prompts of the probe set")
+    parser.add_argument("--max-new-tokens", type=int, default=192, help="output cap per probe prompt")
+    parser.add_argument("--report-only", action="store_true",
+                        help="train nothing: report the seeds every arm has finished (while a comparison runs)")
+
+
+def _pairs(assignments: list[str], where: str) -> dict:
+    import yaml
+
+    from grpo.errors import UserError
+
+    values = {}
+    for assignment in assignments:
+        key, sep, value = assignment.partition("=")
+        if not sep or not key:
+            raise UserError(f"{where}: expected KEY=VALUE, got {assignment!r}")
+        values[key] = yaml.safe_load(value)
+    return values
+
+
+def _table(report: dict):
+    from rich.table import Table
+
+    table = Table(title=f"compare: arms vs {report['reference']} (paired, 95% bootstrap over seeds and prompts)")
+    for column in ("arm", "seeds", "held-out reward change vs start", "TPF ratio vs reference", "TPF wins",
+                   "reward diff vs reference", "AR-equal"):
+        table.add_column(column, justify="left" if column == "arm" else "right")
+    for name, entry in report["arms"].items():
+        start = entry["vs_start"]
+        pair = entry.get("vs_reference")
+        lo, hi = start["reward_diff_interval"]
+        cells = [name, str(len(entry["seeds"])), f"{start['reward_diff']:+.3f} [{lo:+.3f}, {hi:+.3f}]"]
+        if pair:
+            (rl, rh), (dl, dh) = pair["tpf_ratio_interval"], pair["reward_diff_interval"]
+            cells += [f"{pair['tpf_ratio']:.3f} [{rl:.3f}, {rh:.3f}]", f"{pair['tpf_wins']}/{len(pair['seeds'])}",
+                      f"{pair['reward_diff']:+.3f} [{dl:+.3f}, {dh:+.3f}]"]
+        else:
+            cells += ["-", "-", "-"]
+        table.add_row(*cells, f"{entry['ar_equal_rate']:.1%}")
+    return table
+
+
+def _errors_table(report: dict):
+    """Per arm and error kind: probe decision points greedy gets wrong at the start and after (pooled over
+    seeds), McNemar's p, and the outputs with more units than their target."""
+    from rich.table import Table
+
+    table = Table(title="decision points wrong, start -> after (pooled over seeds; McNemar exact p)")
+    for column in ("arm", "kind", "points", "wrong start", "wrong after", "fixed", "broken", "p"):
+        table.add_column(column, justify="left" if column in ("arm", "kind") else "right")
+    for name, entry in report["arms"].items():
+        errors = entry["errors"]
+        if not errors:
+            continue
+        for kind, m in errors["kinds"].items():
+            table.add_row(name, kind, str(m["n"]), str(m["wrong_before"]), str(m["wrong_after"]), str(m["fixed"]),
+                          str(m["broken"]), f"{m['p']:.2g}")
+        after = sum(errors["over_generated_after"].values())
+        table.add_row(name, "over-generated outputs", str(errors["prompts"] * errors["seeds"]),
+                      str(errors["over_generated_start"] * errors["seeds"]), str(after), "", "", "")
+    return table
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from grpo.console import console
+    from grpo.errors import UserError
+    from grpo.training.compare import REPORT_FILE, Arm, run_comparison
+
+    arms = []
+    for spec in args.arms:
+        if len(spec) < 2:
+            raise UserError(f"--arm needs NAME CONFIG [KEY=VALUE ...], got {' '.join(spec)!r}")
+        if not Path(spec[1]).is_file():
+            raise UserError(f"--arm {spec[0]}: no config file {spec[1]}")
+        arms.append(Arm(spec[0], spec[1], _pairs(spec[2:], f"--arm {spec[0]}")))
+    if len(arms) < 2 or len({a.name for a in arms}) != len(arms):
+        raise UserError("compare needs at least two --arm with distinct names")
+    try:
+        report = run_comparison(arms, args.seeds, args.out, common=_pairs(args.assignments, "--set"),
+                                probe_set=args.probe_set, probe_size=args.probe_size,
+                                max_new_tokens=args.max_new_tokens, report_only=args.report_only,
+                                log=lambda text: console.print(text, markup=False))
+    except ValueError as err:  # unpaired or unfinished runs
+        raise UserError(f"{args.out}: {err}") from err
+    console.print(_table(report))
+    console.print(_errors_table(report))
+    console.print(f"wrote {Path(args.out) / REPORT_FILE}", markup=False)
+    return 0

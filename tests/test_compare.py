@@ -1,0 +1,155 @@
+"""`gravity-grpo compare`: paired statistics, McNemar, the null control's shuffle, resuming and the report."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from grpo.training import compare, compare_stats
+from grpo.training.trainer import shuffle_within_groups
+
+
+def _rows(tpf_pairs, rewards):
+    return [{"tokens": t, "forwards": f, "reward": r} for (t, f), r in zip(tpf_pairs, rewards)]
+
+
+def test_paired_summary_geometric_mean_wins_and_intervals():
+    a = {0: _rows([(8, 4), (8, 4)], [0.5, 0.5]), 1: _rows([(9, 3), (9, 3)], [0.6, 0.6])}
+    b = {0: _rows([(8, 2), (8, 2)], [0.5, 0.7]), 1: _rows([(9, 3), (9, 3)], [0.6, 0.6])}
+    s = compare_stats.paired_summary(a, b, samples=500)
+    assert s["per_seed_tpf_ratio"] == [2.0, 1.0]
+    assert s["tpf_ratio"] == pytest.approx(math.sqrt(2.0))
+    assert (s["tpf_wins"], s["reward_wins"]) == (1, 1)
+    assert s["reward_diff"] == pytest.approx(0.05)
+    low, high = s["tpf_ratio_interval"]
+    assert 1.0 <= low <= s["tpf_ratio"] <= high <= 2.0
+    assert s["per_seed_reward_diff"] == pytest.approx([0.1, 0.0])
+    same = compare_stats.paired_summary(a, a, samples=50)
+    assert same["tpf_ratio"] == 1.0 and same["tpf_ratio_interval"] == (1.0, 1.0) and same["tpf_wins"] == 0
+
+
+def test_paired_summary_rejects_unpaired_runs():
+    a = {0: _rows([(1, 1)], [0.0])}
+    with pytest.raises(ValueError, match="no seed"):
+        compare_stats.paired_summary(a, {1: a[0]})
+    with pytest.raises(ValueError, match="same probe prompts"):
+        compare_stats.paired_summary(a, {0: a[0] * 2})
+
+
+def test_change_from_start_pairs_every_seed_with_the_start():
+    start = _rows([(4, 2)] * 2, [0.5, 0.5])
+    runs = {3: _rows([(4, 2)] * 2, [0.7, 0.5]), 4: _rows([(4, 2)] * 2, [0.6, 0.6])}
+    change = compare_stats.change_from_start(start, runs, samples=200)
+    assert change["reward_diff"] == pytest.approx(0.1) and change["per_seed_reward_diff"] == pytest.approx([0.1, 0.1])
+    assert change["reward_diff_interval"][0] >= 0.0
+
+
+def test_mcnemar_exact_counts_and_p_value():
+    result = compare_stats.mcnemar([True] * 5 + [False] * 3, [False] * 5 + [False] * 3)
+    assert (result["wrong_before"], result["wrong_after"], result["fixed"], result["broken"]) == (5, 0, 5, 0)
+    assert result["p"] == pytest.approx(2 / 32)
+    assert compare_stats.mcnemar([True, False], [False, True])["p"] == 1.0
+    assert compare_stats.mcnemar([], [])["p"] == 1.0
+    with pytest.raises(ValueError, match="paired"):
+        compare_stats.mcnemar([True], [])
+
+
+def test_shuffle_within_groups_permutes_each_group_and_is_seeded():
+    rewards = torch.arange(12, dtype=torch.float32).reshape(12, 1)
+    out = shuffle_within_groups(rewards, 4, seed=7)
+    for g in range(3):
+        assert sorted(out[4 * g: 4 * g + 4, 0].tolist()) == list(range(4 * g, 4 * g + 4))
+    assert torch.equal(out, shuffle_within_groups(rewards, 4, seed=7))
+    seeds = {tuple(shuffle_within_groups(rewards, 4, seed=s)[:, 0].tolist()) for s in range(6)}
+    assert len(seeds) > 1 and any(s != tuple(range(12)) for s in seeds)   # it does move rewards
+
+
+def test_train_command_layers_common_arm_and_seed(tmp_path):
+    arm = compare.Arm("b", "configs/tiny_cpu.yaml", {"drafter_loss_weight": 0, "probe_set": "tiny"})
+    cmd = compare.train_command(arm, 5, tmp_path / "r", {"tpf_every": 0, "drafter_loss_weight": 1})
+    sets = [cmd[i + 1] for i, c in enumerate(cmd) if c == "--set"]
+    assert cmd[cmd.index("--config") + 1] == "configs/tiny_cpu.yaml"
+    assert sets == ["tpf_every=0", "drafter_loss_weight=0", "probe_set=tiny", "seed=5", f"output_dir={tmp_path / 'r'}"]
+
+
+def test_finished_runs_are_skipped_and_interrupted_ones_restart(tmp_path, monkeypatch):
+    arm = compare.Arm("a", "configs/tiny_cpu.yaml")
+    done = tmp_path / "a" / "seed-1"
+    done.mkdir(parents=True)
+    (done / compare.EVAL_FILE).write_text(json.dumps([{"tokens": 1}]))
+    calls = []
+    monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: calls.append(a) or type("R", (), {"returncode": 3}))
+    assert compare.run_one(arm, 1, tmp_path, {}, {}, log=lambda _: None) == [{"tokens": 1}]
+    assert not calls
+    partial = tmp_path / "a" / "seed-2"
+    partial.mkdir()
+    (partial / "stale").write_text("x")
+    with pytest.raises(RuntimeError, match="exit 3"):
+        compare.run_one(arm, 2, tmp_path, {}, {}, log=lambda _: None)
+    assert len(calls) == 1 and not (partial / "stale").exists()
+
+
+def test_error_kinds_count_the_noisy_labels_greedy_writes():
+    """Outputs that are the noisy labels err at every decision point they carry; the truth errs at none."""
+    import random
+
+    from data.synthetic import MISLABELS, Example, generate, mislabel
+
+    rows = generate("tiny-probe", 30)
+    noisy = [mislabel(random.Random(i), Example(r["task_type"], r["prompt"].split("\n", 1)[1], r["target"]), 1.0)
+             for i, r in enumerate(rows)]
+    start = [{"text": e.target} for e in noisy]
+    after = {0: [{"text": r["target"]} for r in rows]}
+    report = compare.error_kinds("tiny-probe", 30, start, after)
+    assert set(report["kinds"]) == {f"{t}/{k}" for t in MISLABELS for k in MISLABELS[t]}
+    for name, result in report["kinds"].items():
+        assert result["wrong_after"] == 0 and result["broken"] == 0, name
+        assert result["wrong_before"] >= result["n"] - 2, name   # a dropped last line can take a content point
+    assert report["over_generated_after"] == {0: 0} and report["over_generated_start"] > 0
+    assert compare.error_kinds("some/folder", 30, start, after) is None
+
+
+def test_a_finished_training_without_eval_is_only_evaluated(tmp_path, monkeypatch):
+    arm = compare.Arm("a", "configs/tiny_cpu.yaml")
+    folder = tmp_path / "a" / "seed-4"
+    (folder / "checkpoint-40").mkdir(parents=True)
+    (folder / "checkpoint-80").mkdir()
+    (folder / compare.TRAINED_FILE).write_text("{}")
+    monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: pytest.fail("retrained a finished run"))
+    seen = []
+    monkeypatch.setattr(compare, "evaluate", lambda model, base, **probe: seen.append(model) or [{"tokens": 2}])
+    assert compare.run_one(arm, 4, tmp_path, {}, {}, log=lambda _: None) == [{"tokens": 2}]
+    assert seen == [folder / "checkpoint-80"]
+    assert json.loads((folder / compare.EVAL_FILE).read_text()) == [{"tokens": 2}]
+
+
+def test_report_only_pairs_the_finished_seeds_and_writes_the_report(tmp_path, monkeypatch):
+    from data.synthetic import generate
+    from grpo.cli import main
+
+    rows = generate("tiny-probe", 6)
+
+    def evals(forwards, good):
+        return [{"index": i, "task": r["task_type"], "tokens": 12, "forwards": forwards, "ar_equal": True,
+                 "truncated": False, "reward": 1.0 if good else 0.5, "text": r["target"] if good else ""}
+                for i, r in enumerate(rows)]
+
+    (tmp_path / compare.START_FILE).write_text(json.dumps(evals(4, False)))
+    for arm, forwards in (("a", 4), ("b", 3)):
+        for seed in (1, 2):
+            folder = tmp_path / arm / f"seed-{seed}"
+            folder.mkdir(parents=True)
+            (folder / compare.EVAL_FILE).write_text(json.dumps(evals(forwards, True)))
+    (tmp_path / "b" / "seed-3").mkdir()            # unfinished in b: left out of the report
+    monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: pytest.fail("report-only trained"))
+    assert main(["compare", "--arm", "a", "configs/tiny_cpu.yaml", "--arm", "b", "configs/tiny_drafter.yaml",
+                 "--seeds", "1", "2", "3", "--out", str(tmp_path), "--probe-size", "6", "--report-only"]) == 0
+    report = json.loads((tmp_path / compare.REPORT_FILE).read_text())
+    pair = report["arms"]["b"]["vs_reference"]
+    assert pair["seeds"] == [1, 2] and pair["tpf_ratio"] == pytest.approx(4 / 3) and pair["tpf_wins"] == 2
+    assert report["arms"]["a"]["vs_start"]["reward_diff"] == pytest.approx(0.5)
+    assert (tmp_path / compare.PLOT_FILE).stat().st_size > 0
+    assert main(["compare", "--arm", "a", "configs/tiny_cpu.yaml", "--arm", "b", "configs/tiny_drafter.yaml",
+                 "--seeds", "3", "--out", str(tmp_path), "--report-only"]) == 2
