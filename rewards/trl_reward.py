@@ -24,7 +24,7 @@ import signal
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from rewards.result import RewardResult
 from rewards.scoring import check_task, score
@@ -217,13 +217,16 @@ def log_means(results: Sequence[RewardResult], log_metric: Callable[[str, float]
             log_metric(f"ocr/{task}/{name}", sum(vals) / len(vals))
 
 
-def log_columns(results: Sequence[RewardResult], log_extra: Callable[[str, list], None]) -> None:
-    """One column per component name in TRL's completions table (`ocr/<name>`, None where a completion's task
-    has no such component), and `ocr/task`."""
-    names = sorted({name for result in results for name in result.components})
+def log_columns(results: Sequence[RewardResult], log_extra: Callable[[str, list], None],
+                names: Iterable[str] = ()) -> set[str]:
+    """One column per component name in TRL's completions table (`ocr/<name>`, None where a completion has no
+    such component), and `ocr/task`; returns the names logged. `names` are logged as well: TRL keeps a column
+    that a later batch does not log, so every column logged once must be logged (as None) ever after."""
+    names = set(names) | {name for result in results for name in result.components}
     log_extra("ocr/task", [result.task for result in results])
-    for name in names:
+    for name in sorted(names):
         log_extra(f"ocr/{name}", [result.components.get(name) for result in results])
+    return names
 
 
 class OcrReward:
@@ -236,6 +239,7 @@ class OcrReward:
 
     def __init__(self, settings: RewardSettings | None = None, *, workers: int | None = None, **changes):
         self.settings, self.workers = settings_of(settings, **changes), workers
+        self.logged_columns: set[str] = set()  # component columns logged to TRL so far (`log_columns`)
         self.__name__ = "ocr_reward"
 
     def __call__(self, prompts, completions, target, task_type, log_metric=None, log_extra=None,
@@ -247,7 +251,7 @@ class OcrReward:
         if log_metric is not None:
             log_means(results, log_metric)
         if log_extra is not None:
-            log_columns(results, log_extra)
+            self.logged_columns = log_columns(results, log_extra, self.logged_columns)
         return [result.value for result in results]
 
 
