@@ -2,12 +2,12 @@
 
 A pool is a `datasets` dataset with columns `prompt`, `target`, `task_type` and, for vision-language
 policies, `image`. It can be a `save_to_disk` folder, a `.parquet` file, a `.jsonl` file or a built-in
-synthetic split name (`data.synthetic.SPLITS`). In a jsonl file `image` is a path relative to the file, or
+synthetic split name (`grpo.data.synthetic.SPLITS`). In a jsonl file `image` is a path relative to the file, or
 `{"bytes": "<base64>"}`, or absent / null for text-only pools.
 
 Every row is checked (task_type known, target and prompt non-empty strings, target within the reward's
 `MAX_REF_CHARS`, image readable); all bad rows are reported together, with their reason, by where a user finds
-them: the 1-based line of a jsonl file (blank lines counted, `rewards.jsonl`), the 0-based row index of a
+them: the 1-based line of a jsonl file (blank lines counted, `grpo.rewards.jsonl`), the 0-based row index of a
 dataset folder or parquet file. Nothing is dropped unless `skip_bad=True`. A file or folder that cannot be
 read at all (not UTF-8, damaged parquet or arrow, a folder that is no dataset) is a `PoolError` naming it.
 
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo.errors import MissingFileError, UserError
-from rewards.jsonl import read_lines
-from rewards.scoring import check_reference, task_problem
+from grpo.rewards.jsonl import read_lines
+from grpo.rewards.scoring import check_reference, task_problem
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def _read(spec: str):
         if path.suffix == ".parquet":
             return _read_parquet(path, spec), path.parent, [], None
         return _read_jsonl(path)
-    from data.synthetic import SPLITS, build_split
+    from .synthetic import SPLITS, build_split
 
     if spec in SPLITS:
         return build_split(spec), Path.cwd(), [], None

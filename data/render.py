@@ -14,7 +14,7 @@ import re
 
 from PIL import Image, ImageDraw, ImageFont
 
-from data.synthetic import BLOT, generate
+from .synthetic import BLOT, generate
 
 _PAD, _LINE_H, _CHAR_W, _CELL_W = 6, 16, 7, 90
 _SPAN = re.compile(r"^((?:\{[rc]\d\})*)(.*)$", re.S)

@@ -3,7 +3,7 @@
 Each example is one layout region: the GLM-OCR task prompt, the reference transcription (`target`) and,
 for a text-only policy, a faithful serialization of what the crop shows appended to the prompt after a
 newline (text lines as lines; a table as rows of `|`-separated cells in reading order with `{cN}`/`{rN}`
-span marks; a formula as its LaTeX source). Vision-language sets get a PIL rendering (`data.render`).
+span marks; a formula as its LaTeX source). Vision-language sets get a PIL rendering (`grpo.data.render`).
 
 Most crops carry a few blots: `BLOT` characters that hide letters or digits of the content, one per hidden
 character, while the target keeps the true ones (a smudged scan). A hidden word, digit or formula symbol
@@ -425,7 +425,7 @@ def generate(name: str, n: int | None = None) -> list[dict]:
 
 
 def build_split(name: str, n: int | None = None):
-    """The built-in split `name` (see `SPLITS`) as a `datasets.Dataset`; `data.render` adds images."""
+    """The built-in split `name` (see `SPLITS`) as a `datasets.Dataset`; `grpo.data.render` adds images."""
     import datasets
 
     return datasets.Dataset.from_list(generate(name, n))

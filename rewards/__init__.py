@@ -4,9 +4,9 @@
 reward function over a batch; `teds` is PubTabNet's TEDS. Importing this package loads no torch, vLLM or
 numba (numba compiles the tree-edit kernel on the first table).
 """
-from rewards.trl_reward import OcrReward, ocr_reward, score_many
-from rewards.result import RewardResult
-from rewards.scoring import TASKS, score
-from rewards.teds import teds
+from .trl_reward import OcrReward, ocr_reward, score_many
+from .result import RewardResult
+from .scoring import TASKS, score
+from .teds import teds
 
 __all__ = ["TASKS", "OcrReward", "RewardResult", "ocr_reward", "score", "score_many", "teds"]

@@ -1,6 +1,6 @@
 """The one family of errors that mean "the user asked for something that cannot run".
 
-It sits at the bottom of the package: `rewards`, `data` and `grpo` all raise these, and this module imports
+It sits at the bottom of the package: `grpo.rewards`, `grpo.data` and the rest of `grpo` raise these; it imports
 nothing. Library code raises a subclass of `UserError` whose message names the file, row, key or setting
 and the fix; `grpo.cli.main` catches it in one place, prints one `error: ...` line and exits 2. Anything else
 that escapes is a bug and keeps its traceback.

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 
-from rewards.normalize import normalize_formula
-from rewards.similarity import similarity
+from .normalize import normalize_formula
+from .similarity import similarity
 
 PENALTY_BASE = 0.3  # each failed well-formedness check multiplies the reward by 0.3
 

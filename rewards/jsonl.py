@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rewards.errors import MissingFileError, UserError
+from .errors import MissingFileError, UserError
 
 BOM = b"\xef\xbb\xbf"
 

@@ -3,7 +3,7 @@
 A line is `{"pred": ..., "ref": ..., "task": ...}` plus, optionally, bounds on its reward:
 `expect` (with `tol`, default `DEFAULT_TOL`), and/or `min` / `max`; any other key is an error (a misspelled
 bound would otherwise check nothing). `read_pairs` validates every line and reports all bad ones by their
-1-based line in the file (`rewards.jsonl`); `check_pairs` scores the file and returns the cases outside their bounds.
+1-based line in the file (`grpo.rewards.jsonl`); `check_pairs` scores the file and returns the cases outside their bounds.
 `gravity-grpo score --pairs FILE --check` prints the same failures and exits 1 when there are any.
 
 Example (in a pytest test):
@@ -16,11 +16,11 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from rewards.errors import UserError
-from rewards.jsonl import read_lines
-from rewards.result import RewardResult
-from rewards.scoring import check_reference, task_problem
-from rewards.settings import RewardSettings
+from .errors import UserError
+from .jsonl import read_lines
+from .result import RewardResult
+from .scoring import check_reference, task_problem
+from .settings import RewardSettings
 
 PAIR_FIELDS = ("pred", "ref", "task")
 BOUND_FIELDS = ("expect", "tol", "min", "max")
@@ -161,7 +161,7 @@ def failures(pairs: list[Pair], results: list[RewardResult]) -> list[Failure]:
 
 def check_pairs(path: str | Path, settings: RewardSettings | None = None, workers: int | None = 1) -> list[Failure]:
     """Score every line of `path`; return the cases outside their bounds (empty: all pass)."""
-    from rewards.trl_reward import score_many
+    from .trl_reward import score_many
 
     pairs = read_pairs(path)
     results = score_many([p.pred for p in pairs], [p.ref for p in pairs], [p.task for p in pairs], settings,

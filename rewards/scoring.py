@@ -1,12 +1,12 @@
 """`score`: the one per-sample entry point, dispatching on the task (SPEC §4)."""
 from __future__ import annotations
 
-from rewards.formula import score_formula
-from rewards.gate import gate as gate_factor
-from rewards.result import RewardResult
-from rewards.settings import MAX_PRED_CHARS, RewardSettings, settings_of
-from rewards.table import score_table
-from rewards.text import score_text
+from .formula import score_formula
+from .gate import gate as gate_factor
+from .result import RewardResult
+from .settings import MAX_PRED_CHARS, RewardSettings, settings_of
+from .table import score_table
+from .text import score_text
 
 # task -> scorer(pred, ref) -> (base reward in [0, 1], components); the only list of task names
 SCORERS = {"text": score_text, "table": score_table, "formula": score_formula}
@@ -41,10 +41,10 @@ def check_reference(ref: str) -> None:
 def score(pred: str, ref: str, task: str, settings: RewardSettings | None = None, **changes) -> RewardResult:
     """Reward of one prediction against its reference, in [0, 1], with its components.
 
-    `settings` (`rewards.settings.RewardSettings`, default its defaults) with `changes` to its fields (e.g.
+    `settings` (`grpo.rewards.settings.RewardSettings`, default its defaults) with `changes` to its fields (e.g.
     `gate="absolute"`) say how. A prediction identical to its reference always scores 1.0 (component
-    `identical`), whatever the task; otherwise `value = base * g`, g the degeneration gate (`rewards.gate`).
-    `table_bonus` is the reading of the table shape bonus (`rewards.table`); a table that is not identical to
+    `identical`), whatever the task; otherwise `value = base * g`, g the degeneration gate (`grpo.rewards.gate`).
+    `table_bonus` is the reading of the table shape bonus (`grpo.rewards.table`); a table that is not identical to
     its reference carries `saturated` (1.0 when it still scores 1.0, so its group advantage vanishes).
 
     >>> score("x^2", "x^{2}", "formula").value

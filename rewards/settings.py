@@ -15,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from rewards.gate import GATES, check_gate
-from rewards.table import TABLE_BONUS, check_table_bonus
+from .gate import GATES, check_gate
+from .table import TABLE_BONUS, check_table_bonus
 
 # A prediction longer than this scores 0 without being parsed (flag `too_long`). The policy's completions
 # stop at 8,448 tokens (SPEC §7), a few characters each, so only a runaway output comes near it.

@@ -11,7 +11,7 @@
 - a prediction without a table that has rows scores `0.15 * (1 - NED)` of the OmniDocBench-normalized
   texts (a table's text being its cells); against a reference without such a table (a mislabelled row)
   every prediction scores that text similarity, without the 0.15 factor;
-- TEDS_s bounded by `rewards.zhang_shasha` (a tree beyond `MAX_NODES` / `MAX_WORK`) counts as 0, flagged
+- TEDS_s bounded by `grpo.rewards.zhang_shasha` (a tree beyond `MAX_NODES` / `MAX_WORK`) counts as 0, flagged
   `teds_bounded`.
 """
 from __future__ import annotations
@@ -20,10 +20,10 @@ import functools
 from collections import Counter
 from dataclasses import dataclass
 
-from rewards.normalize import normalize_table_html, normalize_text
-from rewards.similarity import similarity
-from rewards.zhang_shasha import TreeTooLarge
-from rewards.teds import TableTree, build_tree, find_table, span, tree_similarity
+from .normalize import normalize_table_html, normalize_text
+from .similarity import similarity
+from .zhang_shasha import TreeTooLarge
+from .teds import TableTree, build_tree, find_table, span, tree_similarity
 
 W_TEDS, W_CELL = 0.45, 0.55
 SHAPE_BONUS = 0.05       # each of "same row count" and "same column count"

@@ -24,7 +24,7 @@ from lxml import etree
 from rapidfuzz.distance import Levenshtein
 from rapidfuzz.process import cdist
 
-from rewards.zhang_shasha import keyroots, tree_edit_distance
+from .zhang_shasha import keyroots, tree_edit_distance
 
 # the parser of PubTabNet's metric.py; plain lxml elements (lxml.html's element classes cost a Python
 # lookup per node and change nothing here)
@@ -36,7 +36,7 @@ _SURROGATES = range(0xD800, 0xE000)
 
 @dataclass(frozen=True)
 class TableTree:
-    """A table as postorder arrays for `rewards.zhang_shasha`, plus what TEDS needs around them."""
+    """A table as postorder arrays for `grpo.rewards.zhang_shasha`, plus what TEDS needs around them."""
 
     lml: np.ndarray        # (n,) leftmost-leaf index of each node
     keyroots: np.ndarray   # (k,) Zhang–Shasha keyroots
@@ -149,7 +149,7 @@ def _text_costs(texts1: tuple[str, ...], texts2: tuple[str, ...]) -> np.ndarray:
 def tree_similarity(pred: TableTree, ref: TableTree) -> float:
     """TEDS between two built trees (full when both carry cell texts, else structure-only).
 
-    Raises `rewards.zhang_shasha.TreeTooLarge` on trees beyond its bounds.
+    Raises `grpo.rewards.zhang_shasha.TreeTooLarge` on trees beyond its bounds.
     """
     n_elements = max(pred.n_elements, ref.n_elements)
     text_cost = _text_costs(pred.texts, ref.texts)

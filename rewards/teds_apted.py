@@ -2,14 +2,14 @@
 
 Used by the tests (our Zhang–Shasha path must agree to 1e-9) and by `benchmarks/rewards_bench.py`
 (the speed ratio). It shares only the table lookup (`find_table`) and the span/token rules with
-`rewards.teds`; the tree and the costs are built independently, as apted objects.
+`grpo.rewards.teds`; the tree and the costs are built independently, as apted objects.
 """
 from __future__ import annotations
 
 from apted import APTED, Config
 from rapidfuzz.distance import Levenshtein
 
-from rewards.teds import cell_tokens, find_table, span
+from .teds import cell_tokens, find_table, span
 
 
 class _Node:
@@ -38,7 +38,7 @@ class _PubTabNetCosts(Config):
 
 
 def teds_apted(pred_html: str, ref_html: str, structure_only: bool = True) -> float:
-    """TEDS computed with APTED (same definition and extensions as `rewards.teds`)."""
+    """TEDS computed with APTED (same definition and extensions as `grpo.rewards.teds`)."""
     pred, ref = find_table(pred_html), find_table(ref_html)
     if pred is None or ref is None:
         return 0.0

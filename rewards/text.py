@@ -1,8 +1,8 @@
 """Text reward: `1 - NED` of the OmniDocBench-normalized strings."""
 from __future__ import annotations
 
-from rewards.normalize import normalize_text
-from rewards.similarity import similarity
+from .normalize import normalize_text
+from .similarity import similarity
 
 
 def score_text(pred: str, ref: str) -> tuple[float, dict[str, float]]:

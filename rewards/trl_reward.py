@@ -1,12 +1,12 @@
 """Batch scoring and `ocr_reward`, the TRL reward function.
 
 `score_many` deduplicates identical (pred, ref, task) triples, groups the rest by reference (so a
-worker parses each reference once: `rewards.table.parse_table` and the gate are cached per process),
+worker parses each reference once: `grpo.rewards.table.parse_table` and the gate are cached per process),
 and scores the groups in a pool of spawned worker processes (spawned, not forked, so a parent holding
 torch or vLLM threads is safe).
 
 Bounds, so that a pathological output gets a low score and never hangs the trainer:
-- `RewardSettings.max_pred_chars` (`rewards.settings`) and the tree bounds of `rewards.zhang_shasha` cap the
+- `RewardSettings.max_pred_chars` (`grpo.rewards.settings`) and the tree bounds of `grpo.rewards.zhang_shasha` cap the
   work per completion;
 - each completion gets `RewardSettings.timeout_s` seconds (SIGALRM in the scoring process); past it, it scores
   `TIMEOUT_SCORE` with the component `timeout`;
@@ -26,9 +26,9 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 
-from rewards.result import RewardResult
-from rewards.scoring import check_task, score
-from rewards.settings import RewardSettings, settings_of
+from .result import RewardResult
+from .scoring import check_task, score
+from .settings import RewardSettings, settings_of
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ def engine(text_ckpt):
     `TrainingArguments` would take the process for a rank of a launch)."""
     from grpo.vllm_engine import make_llm
     from helpers_env import RENDEZVOUS
-    from rewards import teds
+    from grpo.rewards import teds
 
     before = {key: os.environ.get(key) for key in RENDEZVOUS}
     assert teds("<table><tr><td>a</td></tr></table>", "<table><tr><td>b</td></tr></table>") == 1.0

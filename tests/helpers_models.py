@@ -160,7 +160,7 @@ def build_tiny_vlm(root: Path, pool_rows: int = 24, probe_rows: int = 6) -> Path
     (`build_vllm_glmocr`), and `pool/` and `probe/`, rendered crops (data/render.py) of the first rows of the
     built-in splits `tiny` and `tiny-probe`, saved with `save_to_disk`. Rebuild:
     `PYTHONPATH=tests python -c "from helpers_models import build_tiny_vlm; build_tiny_vlm('data/tiny/vlm')"`."""
-    from data.render import build_image_split
+    from grpo.data.render import build_image_split
 
     root = Path(root)
     build_vllm_glmocr(root / "model")

@@ -95,7 +95,7 @@ def test_error_kinds_count_the_noisy_labels_greedy_writes():
     """Outputs that are the noisy labels err at every decision point they carry; the truth errs at none."""
     import random
 
-    from data.synthetic import MISLABELS, Example, generate, mislabel
+    from grpo.data.synthetic import MISLABELS, Example, generate, mislabel
 
     rows = generate("tiny-probe", 30)
     noisy = [mislabel(random.Random(i), Example(r["task_type"], r["prompt"].split("\n", 1)[1], r["target"]), 1.0)
@@ -126,7 +126,7 @@ def test_a_finished_training_without_eval_is_only_evaluated(tmp_path, monkeypatc
 
 
 def test_report_only_pairs_the_finished_seeds_and_writes_the_report(tmp_path, monkeypatch):
-    from data.synthetic import generate
+    from grpo.data.synthetic import generate
     from grpo.cli import main
 
     rows = generate("tiny-probe", 6)

@@ -113,7 +113,7 @@ def _in_process(config_path: Path, overrides: dict):
 
 
 def test_two_grpo_steps_on_cuda_vllm_tiny_default(tmp_path):
-    from data.pool import load_pool
+    from grpo.data.pool import load_pool
 
     out = tmp_path / "run"
     _in_process(*_text_config(out))
@@ -123,7 +123,7 @@ def test_two_grpo_steps_on_cuda_vllm_tiny_default(tmp_path):
 
 
 def test_two_grpo_steps_on_cuda_vllm_glm_ocr_with_images(tmp_path):
-    from data.pool import load_pool
+    from grpo.data.pool import load_pool
 
     out = tmp_path / "run"
     trainer = _in_process(*_vlm_config(out, tpf_every=1, bf16=False))

@@ -48,12 +48,12 @@ def vlm(tmp_path_factory):
 
 
 def test_vlm_grpo_with_hf_generation_and_image_probe(vlm):
-    from data.pool import as_prompts, load_pool
+    from grpo.data.pool import as_prompts, load_pool
     from grpo.checkpoint import load_checkpoint
     from grpo.training.config import load_config
     from grpo.training.tpf_probe import TpfProbeCallback
     from grpo.training.trainer import GravityGRPOTrainer
-    from rewards import ocr_reward
+    from grpo.rewards import ocr_reward
 
     ckpt_dir, pool_path, root = vlm
     ckpt = load_checkpoint(ckpt_dir, need_drafter=True)

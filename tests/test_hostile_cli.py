@@ -76,7 +76,7 @@ def _accepted(capsys, argv: list[str], inputs: tuple[Path, ...] = ()) -> str:
 
 def _shards(folder: Path, n: int = 2, rows: int = 6) -> list[Path]:
     """Finished `mine --shard I/N` outputs of the first `rows` rows of the tiny pool, without a model."""
-    from data.pool import load_pool
+    from grpo.data.pool import load_pool
     from grpo.mining.miner import assemble
     from grpo.mining.selection import INDEX, RankRule
     from grpo.mining.store import MiningStore
@@ -207,7 +207,7 @@ def test_score_reads_files_with_a_byte_order_mark(here, capsys):
 
 
 def test_references_have_a_size_cap(here, capsys):
-    from rewards.scoring import MAX_REF_CHARS
+    from grpo.rewards.scoring import MAX_REF_CHARS
 
     (here / "big.txt").write_text("x" * (MAX_REF_CHARS + 1))
     _refused(capsys, ["score", "--task", "text", "--pred-text", "x", "--ref", "big.txt"],
@@ -372,7 +372,7 @@ SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
 @SETTINGS
 @given(HOSTILE_BYTES)
 def test_any_bytes_give_pairs_or_one_user_error(data):
-    from rewards.regression import read_pairs
+    from grpo.rewards.regression import read_pairs
 
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "pairs.jsonl"
@@ -389,7 +389,7 @@ def test_any_bytes_give_pairs_or_one_user_error(data):
 @SETTINGS
 @given(HOSTILE_BYTES)
 def test_any_bytes_give_a_pool_or_one_user_error(data):
-    from data.pool import load_pool
+    from grpo.data.pool import load_pool
 
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "pool.jsonl"

@@ -84,7 +84,7 @@ def test_a_prompt_in_two_part_files_is_an_error(tmp_path):
 # ------------------------------------------------------------------------------------- with vLLM
 
 def _pool(tmp_path, n):
-    from data.pool import load_pool
+    from grpo.data.pool import load_pool
 
     path = tmp_path / f"pool{n}.jsonl"
     load_pool("tiny").select(range(n)).to_json(str(path))
@@ -106,7 +106,7 @@ def _records(out):
 def test_mining_writes_statistics(tmp_path, text_ckpt, engine):
     from datasets import load_from_disk
 
-    from data.pool import load_pool
+    from grpo.data.pool import load_pool
 
     data = _pool(tmp_path, 12)
     summary = mine(_cfg(text_ckpt, data, tmp_path / "out"), engine)

@@ -1,14 +1,19 @@
-"""The package's layers: `rewards` imports nothing from `grpo` (the error base sits below both), importing
-`grpo` loads nothing else, and `grpo.__version__` is the distribution's version."""
+"""The package's layers (docs/paths.md): `grpo.rewards` imports nothing else of `grpo` (the error base sits
+below both), importing `grpo` loads nothing else, `grpo.__version__` is the distribution's version, and the
+wheel installs `grpo` alone."""
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
-import rewards
+import pytest
+
+from grpo import rewards
 from helpers_env import child_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,3 +66,24 @@ def test_one_user_error_class_for_every_layer():
     from grpo.errors import MissingFileError, UserError
 
     assert UserError.__module__ == MissingFileError.__module__ == f"{rewards.__name__}.errors"
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_grpo_alone(tmp_path):
+    """No bare `rewards` or `data` module: the wheel's one top-level package is `grpo`, with the folders
+    rewards/ and data/ (the tiny checkpoint included) inside it."""
+    src = tmp_path / "src"
+    for name in ("grpo", "rewards", "data"):
+        shutil.copytree(REPO / name, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path / "wheel"), str(src)], check=True, capture_output=True, env=child_env())
+    (wheel,) = (tmp_path / "wheel").glob("gravity_grpo-*.whl")
+    import grpo
+
+    assert wheel.name.startswith(f"gravity_grpo-{grpo.__version__}-")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"grpo"}
+    for path in ("grpo/rewards/trl_reward.py", "grpo/data/pool.py", "grpo/data/tiny/model/model.safetensors"):
+        assert path in names, path

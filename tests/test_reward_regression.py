@@ -1,4 +1,4 @@
-"""Reward regression cases: `rewards.regression` and `gravity-grpo score --pairs FILE --check`."""
+"""Reward regression cases: `grpo.rewards.regression` and `gravity-grpo score --pairs FILE --check`."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from grpo.cli import main
-from rewards.regression import Bounds, PairsError, assert_pairs, check_pairs, read_pairs
+from grpo.rewards.regression import Bounds, PairsError, assert_pairs, check_pairs, read_pairs
 
 CASES = Path(__file__).resolve().parent / "fixtures" / "reward_cases.jsonl"  # hand-written, one per behaviour
 PRED, REF = "<table><tr><td>a</td></tr></table>", "<table><tr><td>a</td><td>b</td></tr></table>"

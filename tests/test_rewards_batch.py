@@ -5,9 +5,9 @@ import pickle
 
 import pytest
 
-from rewards import OcrReward, ocr_reward, score, score_many
-from rewards.settings import RewardSettings
-from rewards.trl_reward import MIN_PARALLEL, TIMEOUT_SCORE, completion_text
+from grpo.rewards import OcrReward, ocr_reward, score, score_many
+from grpo.rewards.settings import RewardSettings
+from grpo.rewards.trl_reward import MIN_PARALLEL, TIMEOUT_SCORE, completion_text
 
 TABLE = "<table><tr><td>a</td><td>b</td></tr><tr><td>1</td><td>2</td></tr></table>"
 FORMULA = r"\frac{a}{b} + c"

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from rapidfuzz.distance import Levenshtein
 
 from helpers_anchors import omnidoc_elements
-from rewards.normalize import normalize_formula, normalize_table_html, normalize_text
+from grpo.rewards.normalize import normalize_formula, normalize_table_html, normalize_text
 
 # anchors README: NED after upstream normalized_formula on both sides, keyed by (page, anno_id)
 FORMULA_NED = {
@@ -88,7 +88,7 @@ MARKUP = st.lists(st.sampled_from(PIECES), max_size=40).map("".join)
 @settings(max_examples=400, deadline=None)
 @given(MARKUP)
 def test_scans_match_the_upstream_regexes(text):
-    from rewards import normalize as n
+    from grpo.rewards import normalize as n
 
     display = re.search(r"\\\[(.+?)(?<!\\)\\\]", text)
     assert n._display_body(text) == (display.group(1) if display else None)
@@ -106,6 +106,6 @@ def test_scans_match_the_upstream_regexes(text):
 
 
 def test_only_the_first_inline_formulas_are_rendered():
-    from rewards.normalize import MAX_INLINE_FORMULAS
+    from grpo.rewards.normalize import MAX_INLINE_FORMULAS
 
     assert normalize_text("$\\alpha$ " * (MAX_INLINE_FORMULAS + 1)) == "α" * MAX_INLINE_FORMULAS + "alpha"

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rewards import TASKS, score
-from rewards.scoring import MAX_PRED_CHARS
+from grpo.rewards import TASKS, score
+from grpo.rewards.scoring import MAX_PRED_CHARS
 
 REFS = {
     "text": "The quick brown fox, $x^2$ jumps.",

@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 
 from helpers_anchors import all_references
-from rewards import TASKS, score
-from rewards.formula import canon
-from rewards.gate import degeneration, gate
-from rewards.scoring import MAX_PRED_CHARS
+from grpo.rewards import TASKS, score
+from grpo.rewards.formula import canon
+from grpo.rewards.gate import degeneration, gate
+from grpo.rewards.scoring import MAX_PRED_CHARS
 
 
 def table(rows, head=None) -> str:

@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 from rapidfuzz.distance import Levenshtein
 
 from helpers_anchors import omnidoc_elements, pubtabnet_pairs
-from rewards import teds
-from rewards.normalize import normalize_table_html
-from rewards.zhang_shasha import MAX_NODES, TreeTooLarge
-from rewards.teds_apted import teds_apted
+from grpo.rewards import teds
+from grpo.rewards.normalize import normalize_table_html
+from grpo.rewards.zhang_shasha import MAX_NODES, TreeTooLarge
+from grpo.rewards.teds_apted import teds_apted
 
 # anchors README: TEDS printed in PubTabNet's demo.ipynb, TEDS-struct computed with upstream metric.py
 PUBTABNET = {

@@ -34,7 +34,7 @@ def hf():
 
 @pytest.fixture(scope="module")
 def rows():
-    from data.pool import load_pool
+    from grpo.data.pool import load_pool
 
     return list(load_pool(str(TINY_VLM / "probe")))[:3]
 

@@ -14,10 +14,10 @@ CHECK_FAILED_EXIT = 1  # --check: some case is outside its bounds (2 stays a use
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from rewards import TASKS
-    from rewards.gate import GATES
-    from rewards.settings import DEFAULT
-    from rewards.table import TABLE_BONUS
+    from grpo.rewards import TASKS
+    from grpo.rewards.gate import GATES
+    from grpo.rewards.settings import DEFAULT
+    from grpo.rewards.table import TABLE_BONUS
 
     parser.add_argument("--task", choices=TASKS, help="reward to apply (with --pred/--ref)")
     for name, what in (("pred", "prediction"), ("ref", "reference")):
@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def reward_settings(args: argparse.Namespace):
     """The `RewardSettings` of the command line."""
-    from rewards.settings import RewardSettings
+    from grpo.rewards.settings import RewardSettings
 
     return RewardSettings(gate=args.gate, table_bonus=args.table_bonus)
 
@@ -60,8 +60,8 @@ def read_text_file(path: str, what: str) -> str:
     """The text of the UTF-8 file `path` (a byte-order mark is accepted); a `UserError` naming the file when it
     is missing, binary or not UTF-8, or, for a reference, longer than the reward takes."""
     from grpo.errors import UserError
-    from rewards.jsonl import BOM, read_bytes
-    from rewards.scoring import MAX_REF_CHARS, check_reference
+    from grpo.rewards.jsonl import BOM, read_bytes
+    from grpo.rewards.scoring import MAX_REF_CHARS, check_reference
 
     label = f"{what} file {path}"
     if what == "reference" and Path(path).is_file() and Path(path).stat().st_size > 4 * MAX_REF_CHARS + len(BOM):
@@ -90,7 +90,7 @@ def _single_input(args, name: str, what: str) -> str | None:
     path, text = getattr(args, name), getattr(args, f"{name}_text")
     if text is not None and what == "reference":
         from grpo.errors import UserError
-        from rewards.scoring import check_reference
+        from grpo.rewards.scoring import check_reference
 
         try:
             check_reference(text)
@@ -151,8 +151,8 @@ def _run_pairs(args) -> int:
 
     from grpo.console import console
     from grpo.errors import UserError
-    from rewards import score_many
-    from rewards.regression import failures, read_pairs
+    from grpo.rewards import score_many
+    from grpo.rewards.regression import failures, read_pairs
 
     pairs = read_pairs(args.pairs)
     checked = sum(p.bounds is not None for p in pairs)
@@ -182,7 +182,7 @@ def _run_pairs(args) -> int:
 def run(args: argparse.Namespace) -> int:
     from grpo.console import console
     from grpo.errors import UserError
-    from rewards import score_many
+    from grpo.rewards import score_many
 
     single = (args.task, args.pred, args.pred_text, args.ref, args.ref_text)
     if args.pairs is not None:

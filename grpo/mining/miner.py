@@ -1,7 +1,7 @@
 """Hard-prompt mining by reward variance (SPEC §8, paper appendix E): the run that ties the parts together.
 
 Each prompt of the pool gets k rollouts from the policy (`grpo.mining.sampling`), scored with
-`rewards.ocr_reward`. A prompt whose k rewards are all equal gives every rollout zero group advantage, so it
+`grpo.rewards.ocr_reward`. A prompt whose k rewards are all equal gives every rollout zero group advantage, so it
 is dropped (also any whose reward std is at most `min_std`); the rest are ranked and the top `keep` are
 written, with their statistics, as a `datasets` folder (`grpo.mining.selection`).
 
@@ -29,10 +29,10 @@ from grpo.mining.selection import INDEX, PREFER, STAT_COLUMNS, RankRule, prompt_
 from grpo.mining.store import (MiningError, MiningStore, atomic_write, check_manifest, check_output, is_empty_folder,
                                pool_fingerprint, set_aside, temporary)
 from grpo.yaml_config import Fields
-from rewards.gate import GATES
-from rewards.settings import DEFAULT as REWARD_DEFAULT
-from rewards.settings import RewardSettings
-from rewards.table import TABLE_BONUS
+from grpo.rewards.gate import GATES
+from grpo.rewards.settings import DEFAULT as REWARD_DEFAULT
+from grpo.rewards.settings import RewardSettings
+from grpo.rewards.table import TABLE_BONUS
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ def mine(cfg: MineConfig, llm=None) -> dict:
     `llm`: a running vLLM engine of `cfg.model` to sample with (default: start one unless every prompt is
     already mined, or `cfg.hf_generate`).
     """
-    from data.pool import load_pool
+    from grpo.data.pool import load_pool
     from grpo.checkpoint import is_vlm_checkpoint, resolve_model
 
     pool_path = Path(cfg.pool)
@@ -189,7 +189,7 @@ def mine(cfg: MineConfig, llm=None) -> dict:
 def _mine_rows(ds, todo: list[int], sampler, cfg: MineConfig, run: MiningStore, initial: int) -> None:
     from tqdm.auto import tqdm
 
-    from rewards import OcrReward
+    from grpo.rewards import OcrReward
 
     ocr_reward = OcrReward(cfg.reward_settings)
     with tqdm(total=initial + len(todo), initial=initial, unit="prompt", desc="mining",
@@ -260,7 +260,7 @@ def merge(shard_outs: list[str], out: str, overwrite: bool = False) -> dict:
     """
     from datasets import concatenate_datasets
 
-    from data.pool import read_dataset_folder
+    from grpo.data.pool import read_dataset_folder
 
     runs, target = [MiningStore(p) for p in shard_outs], Path(out)
     dones = [r.read_done() for r in runs]

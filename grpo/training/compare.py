@@ -9,7 +9,7 @@ training (`wall_time.json`) without it is only evaluated; any other run folder i
 
 The first arm is the reference: every other arm is paired with it (`grpo.training.compare_stats`), and every
 arm with the starting model (held-out change). On a built-in synthetic probe set the report also counts, per
-error kind of `data.synthetic.MISLABELS`, the probe decision points where greedy output errs that way, before
+error kind of `grpo.data.synthetic.MISLABELS`, the probe decision points where greedy output errs that way, before
 and after (McNemar), and the outputs with more lines / rows / closing braces than their target.
 
 Example:
@@ -63,7 +63,7 @@ def final_checkpoint(folder: Path) -> Path:
 
 def evaluate(model: str | Path, base: str | None, probe_set: str, probe_size: int, max_new_tokens: int) -> list[dict]:
     """Probe rows of one checkpoint: tokens, forwards, reward, AR-equality and the output text, by prompt."""
-    from data.pool import load_pool
+    from grpo.data.pool import load_pool
     from grpo.checkpoint import load_checkpoint, tokenizer_of
     from grpo.decoding.tpf import measure_tpf
     from grpo.training.drift import load_run_policy
@@ -119,9 +119,9 @@ def start_rows(model: str, out: Path, probe: dict) -> list[dict]:
 
 
 def error_kinds(probe_set: str, probe_size: int, start: list[dict], runs: dict[int, list[dict]]) -> dict | None:
-    """Per error kind of `data.synthetic.MISLABELS`: probe decision points greedy gets wrong at the start and
+    """Per error kind of `grpo.data.synthetic.MISLABELS`: probe decision points greedy gets wrong at the start and
     after training (pooled over seeds, McNemar), and over-generation counts; None for a non-synthetic probe."""
-    from data.synthetic import MISLABELS, SPLITS, UNITS, Example, generate, wrong_at
+    from grpo.data.synthetic import MISLABELS, SPLITS, UNITS, Example, generate, wrong_at
 
     if probe_set not in SPLITS:
         return None

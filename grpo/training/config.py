@@ -22,10 +22,10 @@ from trl import GRPOConfig, ModelConfig
 
 from grpo.training.drafter_loss import DRAFTER_COMPLETIONS, DRAFTER_TARGETS
 from grpo.yaml_config import ConfigError, Fields, build
-from rewards.gate import GATES
-from rewards.settings import DEFAULT as REWARD_DEFAULT
-from rewards.settings import RewardSettings
-from rewards.table import TABLE_BONUS
+from grpo.rewards.gate import GATES
+from grpo.rewards.settings import DEFAULT as REWARD_DEFAULT
+from grpo.rewards.settings import RewardSettings
+from grpo.rewards.table import TABLE_BONUS
 
 TPF_FLOOR_ACTIONS = ("warn", "stop")
 COMPARE_AR = ("always", "first", "never", "sample")

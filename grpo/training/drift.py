@@ -122,7 +122,7 @@ def remeasure_checkpoints(run: RunDir, *, probe_set: str | None = None, probe_si
     the run's `temperature` is measured beside greedy. Records carry the training reward of their step from the
     run's metrics, as the live probe's do.
     """
-    from data.pool import load_pool
+    from grpo.data.pool import load_pool
     from grpo.decoding.tpf import measure_tpf
     from grpo.training.config import ConfigError
 

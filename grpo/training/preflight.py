@@ -149,7 +149,7 @@ def check_pool(spec: str, is_vlm: bool | None, report: PreflightReport, label: s
                skip_bad: bool = False) -> int | None:
     """Read and validate a prompt pool as training does (every bad row listed by line or index, or left out
     with `skip_bad`); return its row count."""
-    from data.pool import load_pool
+    from grpo.data.pool import load_pool
     from grpo.errors import UserError
 
     try:

@@ -34,7 +34,7 @@ from transformers import TrainerCallback
 
 from grpo.training.drift import drift_records, probe_metrics
 from grpo.training.run_dir import RunDir
-from rewards.settings import HELD_OUT, RewardSettings
+from grpo.rewards.settings import HELD_OUT, RewardSettings
 
 log = logging.getLogger(__name__)
 COMPARE_SEED = 0  # seeds the fixed prompt sample that `tpf_compare_ar: sample` compares

@@ -279,7 +279,7 @@ def prepare_run(config: GravityGRPOConfig) -> tuple[Any, Any, Any]:
     the prompt pool and the probe rows (None without the probe): everything before the trainer is built."""
     import torch
 
-    from data.pool import as_prompts, load_pool
+    from grpo.data.pool import as_prompts, load_pool
     from grpo.checkpoint import load_checkpoint
     from grpo.training.preflight import require_runnable
 
@@ -305,7 +305,7 @@ def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
 
     from grpo.training.progress import RewardProgressCallback
     from grpo.training.tpf_probe import TpfProbeCallback
-    from rewards import OcrReward
+    from grpo.rewards import OcrReward
 
     ckpt, pool, probe = prepare_run(config)
     if config.use_vllm:
@@ -335,7 +335,7 @@ def run_training(config: GravityGRPOConfig, resume: str | bool | None = None) ->
     from grpo.training.drift import drift_records, held_out_change, reward_points
     from grpo.training.plots import plot_rewards
     from grpo.training.tpf_probe import TpfProbeCallback
-    from rewards import TASKS
+    from grpo.rewards import TASKS
 
     run = RunDir(config.output_dir)
     trainer = build_trainer(config)
