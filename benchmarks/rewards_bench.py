@@ -4,7 +4,7 @@
    algorithm of PubTabNet's metric.py) on synthetic r x c tables with a noisy prediction, both from the
    raw HTML (parsing included), checking that the two values are equal (1e-9).
 2. Wall time of `ocr_reward` on a GRPO step's worth of table completions: 24 references of ~1,900
-   characters x 28 noisy predictions = 672 completions (SPEC §7), with the default worker pool (cold:
+   characters x 28 noisy predictions = 672 completions (docs/spec.md §7), with the default worker pool (cold:
    includes spawning the workers; warm: a second step with new references) and in one process.
 3. Hostile floods (issue 17): `normalize_formula`, and one whole `score`, on 8,192 and 65,536 characters of
    one repeated opening (`\\[`, `\\tag{`, ...) beside an ordinary formula of the same length: the ratio to

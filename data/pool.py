@@ -1,4 +1,4 @@
-"""Load and validate GRPO prompt pools (SPEC §3), and turn them into TRL prompts.
+"""Load and validate GRPO prompt pools (docs/spec.md §3), and turn them into TRL prompts.
 
 A pool is a `datasets` dataset with columns `prompt`, `target`, `task_type` and, for vision-language
 policies, `image`. It can be a `save_to_disk` folder, a `.parquet` file, a `.jsonl` file or a built-in

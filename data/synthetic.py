@@ -1,4 +1,4 @@
-"""Seeded synthetic OCR region crops for the three tasks (text, table, formula), SPEC §3 format.
+"""Seeded synthetic OCR region crops for the three tasks (text, table, formula), docs/spec.md §3 format.
 
 Each example is one layout region: the GLM-OCR task prompt, the reference transcription (`target`) and,
 for a text-only policy, a faithful serialization of what the crop shows appended to the prompt after a

@@ -1,4 +1,4 @@
-"""Joint AR / block-diffusion checkpoints (SPEC §2): load, validate, and make them.
+"""Joint AR / block-diffusion checkpoints (docs/spec.md §2): load, validate, and make them.
 
 A joint checkpoint is an ordinary Hugging Face folder (a `GlmOcrForConditionalGeneration` with its processor,
 or any `AutoModelForCausalLM` with its tokenizer) whose tokenizer holds `<|mask|>` and which carries
@@ -41,7 +41,7 @@ class BlockDiffusionConfig:
     bd_size: int
     mask_id: int
     ar_loss_weight: float = 1.0
-    mask_schedule: str = "uniform"  # as SPEC §2 writes it; nothing reads it (grpo.joint: t ~ U(0,1) per block)
+    mask_schedule: str = "uniform"  # as docs/spec.md §2 writes it; nothing reads it (grpo.joint: t ~ U(0,1) per block)
 
     def __post_init__(self) -> None:
         for name, kind in (("bd_size", int), ("mask_id", int)):

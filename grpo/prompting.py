@@ -1,4 +1,4 @@
-"""Prompt messages and model inputs for one prompt-pool row (SPEC §3): the only place that builds them.
+"""Prompt messages and model inputs for one prompt-pool row (docs/spec.md §3): the only place that builds them.
 
 Text-only policies: the tokenizer applied to `row["prompt"]` as plain text with its default special tokens,
 which is what vLLM `LLM.generate(str)` and TRL do with a plain-string prompt. GLM-OCR: the processor's chat

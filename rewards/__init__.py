@@ -1,4 +1,4 @@
-"""Task-aware OCR rewards in [0, 1] for GRPO (SPEC §4): text, table (HTML) and formula (LaTeX).
+"""Task-aware OCR rewards in [0, 1] for GRPO (docs/spec.md §4): text, table (HTML) and formula (LaTeX).
 
 `score(pred, ref, task)` scores one pair and explains itself; `ocr_reward` is the same scorer as a TRL
 reward function over a batch; `teds` is PubTabNet's TEDS. Importing this package loads no torch, vLLM or

@@ -1,4 +1,4 @@
-"""Formula reward: `sim(canon(pred), canon(ref)) * 0.3**v`, a rendering-free proxy for CDM (SPEC §4).
+"""Formula reward: `sim(canon(pred), canon(ref)) * 0.3**v`, a rendering-free proxy for CDM (docs/spec.md §4).
 
 `canon` is the formula normalization of the reward. It deliberately does not start from OmniDocBench's
 `normalized_formula`, which lower-cases (`\\Pi` = `\\pi`) and deletes `\\left` as a substring (`\\leftarrow`

@@ -1,4 +1,4 @@
-"""The degeneration gate that multiplies every reward (SPEC §4).
+"""The degeneration gate that multiplies every reward (docs/spec.md §4).
 
 `g(x) = min(rho8(x), max(0, 1 - (L_run(x) - 20) / 200))`: `rho8` is the share of distinct 8-grams among
 the 8-grams of x's tokens (tags, LaTeX commands, words, single symbols; 1.0 below 8 tokens) and `L_run`

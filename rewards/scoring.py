@@ -1,4 +1,4 @@
-"""`score`: the one per-sample entry point, dispatching on the task (SPEC §4)."""
+"""`score`: the one per-sample entry point, dispatching on the task (docs/spec.md §4)."""
 from __future__ import annotations
 
 from .formula import score_formula

@@ -19,7 +19,7 @@ from .gate import GATES, check_gate
 from .table import TABLE_BONUS, check_table_bonus
 
 # A prediction longer than this scores 0 without being parsed (flag `too_long`). The policy's completions
-# stop at 8,448 tokens (SPEC §7), a few characters each, so only a runaway output comes near it.
+# stop at 8,448 tokens (docs/spec.md §7), a few characters each, so only a runaway output comes near it.
 MAX_PRED_CHARS = 65_536
 TIMEOUT_S = 10.0  # per completion in a batch; a 100x10 table scores in well under 0.1 s
 

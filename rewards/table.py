@@ -1,4 +1,4 @@
-"""Table reward (SPEC §4), on OmniDocBench-normalized HTML, with `base = (0.45*TEDS_s + 0.55*s_cell) *
+"""Table reward (docs/spec.md §4), on OmniDocBench-normalized HTML, with `base = (0.45*TEDS_s + 0.55*s_cell) *
 (1 - p_row) * (1 - p_loop)` and the shape bonus `b = 0.05*[R^ = R] + 0.05*[C^ = C]` read one of two ways
 (`table_bonus`):
 

@@ -1,4 +1,4 @@
-"""Joint checkpoint format (SPEC §2): load, validate, refuse with messages that name the file and field."""
+"""Joint checkpoint format (docs/spec.md §2): load, validate, refuse with messages that name the file and field."""
 from __future__ import annotations
 
 import json

@@ -2,7 +2,7 @@
 the drafter's; its scale does not depend on how the batch is split over micro-batches or processes; it logs
 `drafter/loss` and each term's gradient norm, trains LoRA adapters, can detach the clean stream's keys and
 values, and self-speculative output still equals AR greedy; its batches are joint training's
-(`grpo.joint.streams`): the hand-checked layout and labels of SPEC §6."""
+(`grpo.joint.streams`): the hand-checked layout and labels of docs/spec.md §6."""
 from __future__ import annotations
 
 import json

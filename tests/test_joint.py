@@ -1,4 +1,4 @@
-"""Joint AR / block-diffusion training (SPEC §6): layout, masking, labels, EOS rule, alignment with decoding."""
+"""Joint AR / block-diffusion training (docs/spec.md §6): layout, masking, labels, EOS rule, alignment with decoding."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""Hard-prompt mining (SPEC §8): statistics, zero-variance drop, ranking rule, shards, kill-and-resume."""
+"""Hard-prompt mining (docs/spec.md §8): statistics, zero-variance drop, ranking rule, shards, kill-and-resume."""
 import json
 import os
 import signal

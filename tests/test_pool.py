@@ -1,4 +1,4 @@
-"""Prompt pool loading (SPEC §3): formats, validation naming every bad row, skip_bad, TRL prompts."""
+"""Prompt pool loading (docs/spec.md §3): formats, validation naming every bad row, skip_bad, TRL prompts."""
 import base64
 import io
 import json

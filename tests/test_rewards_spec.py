@@ -1,4 +1,4 @@
-"""The reward cases SPEC §4 names, identity on every anchor reference, and the dispatch errors."""
+"""The reward cases docs/spec.md §4 names, identity on every anchor reference, and the dispatch errors."""
 from __future__ import annotations
 
 import pytest

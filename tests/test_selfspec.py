@@ -1,4 +1,4 @@
-"""Decoders (SPEC §5) on tiny random checkpoints in fp32: self-spec == AR greedy == HF generate, round accounting
+"""Decoders (docs/spec.md §5) on tiny random checkpoints in fp32: self-spec == AR greedy == HF generate, round accounting
 with a test double for the draft logits, the draft window against a full-sequence forward, direct diffusion, and
 the batched decoders row for row against batch 1 (text and GLM-OCR with images)."""
 from __future__ import annotations
@@ -81,7 +81,7 @@ def test_selfspec_equals_ar_greedy(arch, bd_size):
 
 
 def _full_window_mask(prompt_len: int, bd_size: int) -> torch.Tensor:
-    """(1, 1, T, T) additive mask of `[prompt, x0, M×B]` without a cache, built row by row from SPEC §5."""
+    """(1, 1, T, T) additive mask of `[prompt, x0, M×B]` without a cache, built row by row from docs/spec.md §5."""
     total = prompt_len + 1 + bd_size
     allowed = torch.zeros(total, total, dtype=torch.bool)
     for q in range(total):

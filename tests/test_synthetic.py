@@ -1,4 +1,4 @@
-"""Synthetic OCR splits (SPEC §3 columns), their disjointness, the tiny tokenizer and the PIL rendering."""
+"""Synthetic OCR splits (docs/spec.md §3 columns), their disjointness, the tiny tokenizer and the PIL rendering."""
 from __future__ import annotations
 
 import dataclasses

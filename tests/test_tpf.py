@@ -1,4 +1,4 @@
-"""TPF statistics (SPEC §5) and the `gravity-grpo tpf` command, on tiny random checkpoints."""
+"""TPF statistics (docs/spec.md §5) and the `gravity-grpo tpf` command, on tiny random checkpoints."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""An independent self-speculative loop, written from SPEC §5 without a KV cache (every forward re-reads the
+"""An independent self-speculative loop, written from docs/spec.md §5 without a KV cache (every forward re-reads the
 whole sequence under an explicit additive mask), reproduces the per-row records of `gravity-grpo tpf` on the
 tiny default: output ids, forwards, rounds and the drafts committed in each round; at batch size 1 and 16.
 The reported `tpf` is the convention under which the same loop's plain AR decoding scores exactly 1.0."""

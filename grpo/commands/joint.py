@@ -1,4 +1,4 @@
-"""`gravity-grpo joint`: joint AR / block-diffusion fine-tuning (SPEC §6) into a joint checkpoint."""
+"""`gravity-grpo joint`: joint AR / block-diffusion fine-tuning (docs/spec.md §6) into a joint checkpoint."""
 from __future__ import annotations
 
 HELP = "joint AR + block-diffusion training: build a self-speculative checkpoint (the tiny default or from an AR model)"

@@ -1,4 +1,4 @@
-"""`gravity-grpo mine`: screen a prompt pool by reward variance and keep the hard, long ones (SPEC §8)."""
+"""`gravity-grpo mine`: screen a prompt pool by reward variance and keep the hard, long ones (docs/spec.md §8)."""
 from __future__ import annotations
 
 import argparse

@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gate", choices=GATES, default=DEFAULT.gate,
                         help=f"degeneration gate (default {DEFAULT.gate})")
     parser.add_argument("--table-bonus", choices=TABLE_BONUS, default=DEFAULT.table_bonus,
-                        help=f"reading of the table shape bonus (default {DEFAULT.table_bonus}; SPEC §4)")
+                        help=f"reading of the table shape bonus (default {DEFAULT.table_bonus}; docs/spec.md §4)")
     parser.add_argument("--explain", action="store_true", help="also print the reward's components")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--workers", type=_positive, default=None, help="worker processes for --pairs (default: CPUs)")

@@ -1,4 +1,4 @@
-"""Self-speculative and AR decoding of N prompts at once, greedy or sampled at a temperature (SPEC §5).
+"""Self-speculative and AR decoding of N prompts at once, greedy or sampled at a temperature (docs/spec.md §5).
 
 Each row runs its own rounds on a shared `BatchSession`: one draft forward and one verify forward per
 round for the whole batch, each row accepting its own number of drafts. A row whose `a0` ends its output

@@ -1,6 +1,6 @@
 """The cache machinery the three decoders share: one prompt, batch size 1, a DynamicCache, greedy top-1.
 
-Invariant between rounds (SPEC §5): the cache holds the causal states of the prompt and of every committed
+Invariant between rounds (docs/spec.md §5): the cache holds the causal states of the prompt and of every committed
 output token except the last one, the boundary token `x0`, which the next forward feeds.
 
 Positions: a text model puts token `i` of the sequence at position `i`; GLM-OCR (3D M-RoPE) puts the prompt

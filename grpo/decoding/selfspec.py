@@ -1,4 +1,4 @@
-"""Self-speculative decoding (SPEC §5, paper B.2) and its reference, plain AR greedy decoding, at batch 1.
+"""Self-speculative decoding (docs/spec.md §5, paper B.2) and its reference, plain AR greedy decoding, at batch 1.
 
 Both run one prompt at a time with a KV cache (`grpo.decoding.kv_session.Session`) and greedy top-1, so under exact
 arithmetic they produce the same tokens. They are the references the batched decoders of `grpo.decoding.batched`
@@ -34,7 +34,7 @@ class SelfSpecDecoder:
     """Draft B tokens with one block-diffusion forward, verify them with one causal forward, keep the agreement.
 
     `draft` is the one seam tests replace (a test double for the draft logits); everything else is the
-    real round of SPEC §5. When `a0` already ends the output (a stop token, or the last token allowed) the
+    real round of docs/spec.md §5. When `a0` already ends the output (a stop token, or the last token allowed) the
     round skips its verify forward: one forward, no accepted count. A verified round counts the drafts it
     commits: accepted drafts cut off by EOS or `max_new_tokens` are not committed, so they do not count.
     """

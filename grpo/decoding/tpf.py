@@ -1,4 +1,4 @@
-"""Tokens per forward (TPF) of a joint checkpoint on a set of prompts (SPEC §5), by task and length bin.
+"""Tokens per forward (TPF) of a joint checkpoint on a set of prompts (docs/spec.md §5), by task and length bin.
 
 Two conventions, both ratios of sums over the prompts, both 1.0 for plain AR decoding:
 - `tpf` (this package's): output tokens after x0 / (draft + verify forwards). x0 comes from the prefill, so
@@ -104,7 +104,7 @@ def decode_rows(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
     generator seeded with `seed`. Returns one record per (row, sample): `index` (from `indices`, default
     0, 1, ...), `sample`, `task`, `prompt_ids` (text-only policies; None for images), `output_ids`, `tokens`,
     `text_tokens` (the output's text re-tokenized), `forwards` (draft + verify, prefill excluded), `rounds`,
-    `accepted` (drafts committed in each verified round, SPEC §5), `truncated` (stopped by
+    `accepted` (drafts committed in each verified round, docs/spec.md §5), `truncated` (stopped by
     `max_new_tokens`), `ar_equal` (None unless compared: `compare_ar` True for every row, or a collection of
     the indices to compare; AR greedy decoded at the same batch size), `reward` and `exact` (None without
     `score`: the task reward of the decoded output against the row's `target`, read with

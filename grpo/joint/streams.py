@@ -1,4 +1,4 @@
-"""The three response streams of joint AR / block-diffusion training (SPEC §6): layout, labels, losses.
+"""The three response streams of joint AR / block-diffusion training (docs/spec.md §6): layout, labels, losses.
 
 One forward per example over `[prompt | clean response | corrupted stream 1 | corrupted stream 2]`:
 - the response is the target followed by exactly B EOS tokens (B = `bd_size`);

@@ -1,4 +1,4 @@
-"""Joint AR / block-diffusion training (SPEC §6, paper 3.1 and appendix A): how joint checkpoints are made.
+"""Joint AR / block-diffusion training (docs/spec.md §6, paper 3.1 and appendix A): how joint checkpoints are made.
 
 The streams, their attention and labels are `grpo.joint.streams`; this module holds the config, the tiny
 model, the optimizer loop and saving.

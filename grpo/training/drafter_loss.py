@@ -1,4 +1,4 @@
-"""The drafter loss during GRPO (SPEC §7, "beyond the paper"): L_diff of SPEC §6 on the step's own completions.
+"""The drafter loss during GRPO (docs/spec.md §7, "beyond the paper"): L_diff of docs/spec.md §6 on the step's own completions.
 
 GRPO trains the verifier (the causal AR path); the block-diffusion drafter then moves only through the shared
 weights. With `drafter_loss_weight` λ > 0 the trainer adds λ·L_diff to each micro-batch's loss, where L_diff
@@ -170,7 +170,7 @@ def drafter_loss(model: Any, examples: list[dict[str, torch.Tensor]], pad_id: in
                  targets: str = "sampled", detach_clean: bool = False) -> torch.Tensor | None:
     """L_diff: token-mean cross-entropy over the masked targets of both corrupted streams of `examples`.
 
-    `targets`: `sampled` (the completion's own tokens, SPEC §6 as in joint training) or `greedy` (what the
+    `targets`: `sampled` (the completion's own tokens, docs/spec.md §6 as in joint training) or `greedy` (what the
     verifier would write at each place: the acceptance test of self-speculative decoding is d_j = a_j).
     `detach_clean`: the corrupted streams read detached keys/values of the prompt and clean segment.
     """

@@ -2,7 +2,7 @@
 a log history, re-measuring a finished run's checkpoints, and the paired before/after comparison.
 
 The probe scores its greedy self-speculative outputs against their targets, a held-out evaluation of what was
-decoded (SPEC §7: equal to AR greedy where `tpf/ar_equal_rate` says so): `eval/reward`, `eval/<task>/reward`,
+decoded (docs/spec.md §7: equal to AR greedy where `tpf/ar_equal_rate` says so): `eval/reward`, `eval/<task>/reward`,
 `eval/exact` ride beside `tpf/*`; `tpf/sampled` and `tpf_sampled/<task>` are TPF at the rollout temperature.
 
 Example:

@@ -27,7 +27,7 @@ from unittest import mock
 
 from grpo.yaml_config import ConfigError, _yaml_problem
 
-# Tokens per forward assumed for the probe-cost estimate: the paper's TPF before GRPO at B = 32 (SPEC §5).
+# Tokens per forward assumed for the probe-cost estimate: the paper's TPF before GRPO at B = 32 (docs/spec.md §5).
 ASSUMED_TPF = 9.61
 # accelerate's launcher sets these in every process it starts.
 _ACCELERATE_DEEPSPEED_ENV = "ACCELERATE_USE_DEEPSPEED"

@@ -1,4 +1,4 @@
-"""A GRPO run folder: the one module that knows its files and finds them again (STYLE 12).
+"""A GRPO run folder: the one module that knows its files and finds them again (docs/style.md point 12).
 
     OUTPUT/run_config.json      the full config of the run (read back to re-measure its checkpoints)
     OUTPUT/metrics.jsonl        the trainer's log history, one entry per line
@@ -7,7 +7,7 @@
     OUTPUT/tpf_drift.jsonl      one line per TPF probe: TPF, held-out reward, ... (`grpo.training.drift`)
     OUTPUT/tpf_drift.png        TPF and held-out reward versus step
     OUTPUT/probe_rows.jsonl     one line per probe: its per-prompt records (for paired before/after figures)
-    OUTPUT/checkpoint-N/        TRL checkpoints, each a joint checkpoint (SPEC §2)
+    OUTPUT/checkpoint-N/        TRL checkpoints, each a joint checkpoint (docs/spec.md §2)
 
 Only the main process writes (the callers check `is_world_process_zero`); every write replaces a file whole
 or appends one line.

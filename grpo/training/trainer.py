@@ -98,7 +98,7 @@ class GravityGRPOTrainer(GRPOTrainer):
     """`GRPOTrainer` whose colocated vLLM engine also works on CPU, and which times its phases.
 
     `block_diffusion` (the checkpoint's `BlockDiffusionConfig`) is written into every saved checkpoint, so
-    each one is again a joint checkpoint (SPEC §2) that the self-speculative decoder can load.
+    each one is again a joint checkpoint (docs/spec.md §2) that the self-speculative decoder can load.
     """
 
     def __init__(self, model: Any, reward_funcs: Any = None, args: GravityGRPOConfig | None = None, *,
