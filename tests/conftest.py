@@ -32,3 +32,13 @@ def engine(text_ckpt):
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    """A folder with brackets in its name, a narrow terminal, and no leftovers in the cwd."""
+    monkeypatch.setenv("COLUMNS", "40")
+    folder = tmp_path / "[exp1]"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    return folder

@@ -17,16 +17,6 @@ from grpo.cli import main
 GOOD_ROW = {"prompt": "read the text", "target": "hello", "task_type": "text"}
 
 
-@pytest.fixture
-def here(tmp_path, monkeypatch):
-    """A folder with brackets in its name, a narrow terminal, and no leftovers in the cwd."""
-    monkeypatch.setenv("COLUMNS", "40")
-    folder = tmp_path / "[exp1]"
-    folder.mkdir()
-    monkeypatch.chdir(folder)
-    return folder
-
-
 def _jsonl(path, rows) -> str:
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
     return str(path)

@@ -24,15 +24,6 @@ PAIR = {"pred": "a", "ref": "a", "task": "text"}
 BOM = b"\xef\xbb\xbf"
 
 
-@pytest.fixture
-def here(tmp_path, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "40")
-    folder = tmp_path / "[exp1]"
-    folder.mkdir()
-    monkeypatch.chdir(folder)
-    return folder
-
-
 def _lines(path: Path, rows, prefix: bytes = b"") -> Path:
     """A jsonl file: dicts as JSON, str and bytes lines as given."""
     data = b"".join((r if isinstance(r, bytes) else (r if isinstance(r, str) else json.dumps(r)).encode()) + b"\n"
