@@ -5,8 +5,9 @@
   without those characters.
 - torch's inductor links its C++ kernels with `-L<torch>/lib` unquoted, so a torch installed under a path
   with white space cannot compile anything; vLLM compiles two small sampler helpers with it even when it runs
-  eagerly (the one TRL hits: the rank of each sampled token's logprob). `compile_where_possible` turns
-  torch's compiler off in that case only, so those helpers run as plain PyTorch.
+  eagerly (the one TRL hits: the rank of each sampled token's logprob), and DeepSpeed JIT-builds its CPU
+  shared-memory collective op the same way. `compile_where_possible` turns torch's compiler and that op off
+  in that case only, so those helpers run as plain PyTorch and DeepSpeed uses torch.distributed.
 
 Example:
     >>> glob_safe("/runs/ocr [rl]/model")                       # doctest: +SKIP
@@ -67,7 +68,14 @@ def compile_where_possible() -> None:
     """Turn torch's compiler (dynamo) off when inductor cannot link here, so compiled helpers run eagerly."""
     if torch_can_compile():
         return
+    import importlib.util
+
     import torch._dynamo
+
+    if importlib.util.find_spec("deepspeed") is not None:  # its CPU shared-memory op is JIT-built the same way
+        import deepspeed.ops
+
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # plain torch.distributed instead
 
     if not torch._dynamo.config.disable:
         log.warning("torch lies under a path with spaces (%s), where its compiler cannot link C++; "

@@ -118,6 +118,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.dry_run:
         return dry_run(args)
+    from grpo.paths import compile_where_possible
+
+    compile_where_possible()  # before the config: building it starts DeepSpeed's process group under a launcher
     config = load_config(args.config, overrides(args))  # a config mistake stops here, before vLLM is imported
     from grpo.training.trainer import run_training
 
