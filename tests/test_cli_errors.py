@@ -6,13 +6,13 @@ Every case runs at `COLUMNS=40` under a folder named `[exp1]`: the message must 
 from __future__ import annotations
 
 import json
-import re
 import shutil
 
 import pytest
 
 from grpo.checkpoint import BD_FILE, TINY_MODEL
 from grpo.cli import main
+from helpers_cli import refused
 
 GOOD_ROW = {"prompt": "read the text", "target": "hello", "task_type": "text"}
 
@@ -20,18 +20,6 @@ GOOD_ROW = {"prompt": "read the text", "target": "hello", "task_type": "text"}
 def _jsonl(path, rows) -> str:
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
     return str(path)
-
-
-def _user_error(capsys, argv: list[str], *culprits: str) -> None:
-    """Run `argv`; assert the boundary's contract and that every culprit is in the one message."""
-    code = main(argv)
-    out, err = capsys.readouterr()
-    assert code == 2, (out, err)
-    assert len(re.findall(r"^error: ", err, flags=re.MULTILINE)) == 1, err
-    assert "Traceback" not in out + err
-    message = err[err.index("error: "):]
-    for culprit in culprits:
-        assert culprit in message, (culprit, message)
 
 
 # each case: (name, argv builder(folder) -> (argv, culprits))
@@ -108,7 +96,7 @@ CASES = [_unknown_key, _broken_yaml, _missing_config, _pool_stats_missing, _mine
 @pytest.mark.parametrize("case", CASES, ids=[c.__name__.strip("_") for c in CASES])
 def test_user_mistake_is_one_message(case, here, capsys):
     argv, culprits = case(here)  # the culprits that name a file hold its whole path, "[exp1]" included
-    _user_error(capsys, argv, *culprits)
+    refused(capsys, argv, *culprits)
 
 
 def test_verbose_adds_the_traceback(here, capsys):
@@ -163,4 +151,4 @@ HOSTILE_CASES = [_missing_pred_file, _pairs_not_utf8, _pairs_unknown_field, _cor
 @pytest.mark.parametrize("case", HOSTILE_CASES, ids=[c.__name__.strip("_") for c in HOSTILE_CASES])
 def test_hostile_input_is_one_message(case, here, capsys):
     argv, culprits = case(here)
-    _user_error(capsys, argv, *culprits)
+    refused(capsys, argv, *culprits)

@@ -8,7 +8,6 @@ and pairs are also fed arbitrary bytes (hypothesis): they give rows or one `User
 from __future__ import annotations
 
 import json
-import re
 import tempfile
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from grpo.cli import main
+from helpers_cli import refused, snapshot
 from grpo.errors import UserError
 
 GOOD_ROW = {"prompt": "read the text", "target": "hello", "task_type": "text"}
@@ -32,34 +32,13 @@ def _lines(path: Path, rows, prefix: bytes = b"") -> Path:
     return path
 
 
-def _snapshot(*paths: Path) -> dict[str, bytes]:
-    """The bytes of every file under `paths` (files or folders), by path."""
-    files = [q for p in paths for q in ([p] if p.is_file() else sorted(p.rglob("*"))) if q.is_file()]
-    return {str(f): f.read_bytes() for f in files}
-
-
-def _refused(capsys, argv: list[str], *culprits: str, inputs: tuple[Path, ...] = ()) -> str:
-    """Run `argv`: exit 2, one `error:` message holding every culprit, no traceback, inputs byte for byte."""
-    before = _snapshot(*inputs)
-    code = main(argv)
-    out, err = capsys.readouterr()
-    assert code == 2, (out, err)
-    assert len(re.findall(r"^error: ", err, flags=re.MULTILINE)) == 1, err
-    assert "Traceback" not in out + err
-    message = err[err.index("error: "):]
-    for culprit in culprits:
-        assert culprit in message, (culprit, message)
-    assert _snapshot(*inputs) == before
-    return message
-
-
 def _accepted(capsys, argv: list[str], inputs: tuple[Path, ...] = ()) -> str:
-    before = _snapshot(*inputs)
+    before = snapshot(*inputs)
     code = main(argv)
     out, err = capsys.readouterr()
     assert code == 0, (out, err)
     assert "error:" not in err and "Traceback" not in err
-    assert _snapshot(*inputs) == before
+    assert snapshot(*inputs) == before
     return out
 
 
@@ -95,11 +74,11 @@ def shards(here):
 
 def test_merge_refuses_an_input_as_its_output(here, shards, capsys):
     s0, s1 = map(str, shards)
-    _refused(capsys, ["mine-merge", s0, s1, "--out", s0], f"output {s0} is the input {s0}", "(flag --out)",
+    refused(capsys, ["mine-merge", s0, s1, "--out", s0], f"output {s0} is the input {s0}", "(flag --out)",
              inputs=tuple(shards))
-    _refused(capsys, ["mine-merge", s0, s1, "--out", f"{s1}/merged"], f"lies inside the input {s1}",
+    refused(capsys, ["mine-merge", s0, s1, "--out", f"{s1}/merged"], f"lies inside the input {s1}",
              inputs=tuple(shards))
-    _refused(capsys, ["mine-merge", s0, s1, "--out", str(here)], "holds the input", inputs=tuple(shards))
+    refused(capsys, ["mine-merge", s0, s1, "--out", str(here)], "holds the input", inputs=tuple(shards))
     assert not (shards[1] / "merged").exists()
 
 
@@ -108,7 +87,7 @@ def test_merge_refuses_an_existing_dataset_unless_overwrite(here, shards, capsys
 
     s0, s1 = map(str, shards)
     Dataset.from_dict({"prompt": ["mine"], "target": ["t"], "task_type": ["text"]}).save_to_disk("mypool")
-    _refused(capsys, ["mine-merge", s0, s1, "--out", "mypool"], "output mypool exists and is not empty",
+    refused(capsys, ["mine-merge", s0, s1, "--out", "mypool"], "output mypool exists and is not empty",
              "(flag --overwrite)", inputs=(here,))
     assert load_from_disk("mypool")["prompt"] == ["mine"]
     _accepted(capsys, ["mine-merge", s0, s1, "--out", "fresh"], inputs=tuple(shards))
@@ -146,7 +125,7 @@ def _damage_state(s0: Path) -> str:
                          ids=lambda f: f.__name__[len("_damage_"):])
 def test_merge_names_the_damaged_file(here, shards, capsys, damage):
     culprit = damage(shards[0])
-    _refused(capsys, ["mine-merge", *map(str, shards), "--out", "merged"], culprit, inputs=tuple(shards))
+    refused(capsys, ["mine-merge", *map(str, shards), "--out", "merged"], culprit, inputs=tuple(shards))
     assert not (here / "merged").exists()
 
 
@@ -160,7 +139,7 @@ def test_a_failed_rebuild_puts_the_old_folder_back(here):
         old.mkdir()
         (old / "half.bin").write_bytes(b"new")
         raise RuntimeError("interrupted")
-    assert _snapshot(old) == {str(old / "data.bin"): b"\x00old"}
+    assert snapshot(old) == {str(old / "data.bin"): b"\x00old"}
     assert [p.name for p in here.iterdir()] == ["out"]
 
 
@@ -168,9 +147,9 @@ def test_mine_refuses_a_folder_it_did_not_create(here, capsys):
     from datasets import Dataset
 
     Dataset.from_dict({k: [v] for k, v in GOOD_ROW.items()}).save_to_disk("mypool")
-    _refused(capsys, ["mine", "--data", "tiny", "--out", "mypool"], "output mypool is not empty and holds no "
+    refused(capsys, ["mine", "--data", "tiny", "--out", "mypool"], "output mypool is not empty and holds no "
              "mining run", inputs=(here,))
-    _refused(capsys, ["mine", "--data", "mypool", "--out", "mypool"], "output mypool is the input mypool",
+    refused(capsys, ["mine", "--data", "mypool", "--out", "mypool"], "output mypool is the input mypool",
              inputs=(here,))
 
 
@@ -184,9 +163,9 @@ def test_score_never_scores_a_path(here, capsys):
                           ("bin.html", "prediction file bin.html: a binary file (NUL byte at offset 8)"),
                           ("latin.html", "prediction file latin.html: not UTF-8 text (byte 0xe9 at offset 15)"),
                           (str(here), f"prediction file {here}: not a file")):
-        _refused(capsys, ["score", "--task", "table", "--pred", pred, "--ref-text", "<table></table>"], culprit,
+        refused(capsys, ["score", "--task", "table", "--pred", pred, "--ref-text", "<table></table>"], culprit,
                  inputs=(here,))
-    _refused(capsys, ["score", "--task", "table", "--pred-text", "x", "--ref", "ref.html"],
+    refused(capsys, ["score", "--task", "table", "--pred-text", "x", "--ref", "ref.html"],
              "reference file ref.html: no such file")
 
 
@@ -201,20 +180,20 @@ def test_references_have_a_size_cap(here, capsys):
     from grpo.rewards.scoring import MAX_REF_CHARS
 
     (here / "big.txt").write_text("x" * (MAX_REF_CHARS + 1))
-    _refused(capsys, ["score", "--task", "text", "--pred-text", "x", "--ref", "big.txt"],
+    refused(capsys, ["score", "--task", "text", "--pred-text", "x", "--ref", "big.txt"],
              f"reference file big.txt: reference of {MAX_REF_CHARS + 1:,} characters is over the limit")
     pairs = _lines(here / "pairs.jsonl", [PAIR, {**PAIR, "ref": "x" * (MAX_REF_CHARS + 1)}])
-    _refused(capsys, ["score", "--pairs", str(pairs)], "line 2: field 'ref': reference of", inputs=(pairs,))
+    refused(capsys, ["score", "--pairs", str(pairs)], "line 2: field 'ref': reference of", inputs=(pairs,))
     pool = _lines(here / "pool.jsonl", [GOOD_ROW, {**GOOD_ROW, "target": "t" * (MAX_REF_CHARS + 1)}])
-    _refused(capsys, ["pool-stats", str(pool)], "line 2: target: reference of", inputs=(pool,))
+    refused(capsys, ["pool-stats", str(pool)], "line 2: target: reference of", inputs=(pool,))
 
 
 def test_pairs_lines(here, capsys):
     typo = _lines(here / "typo.jsonl", [PAIR, {**PAIR, "expected": 0.5}])
-    _refused(capsys, ["score", "--pairs", str(typo), "--check"],
+    refused(capsys, ["score", "--pairs", str(typo), "--check"],
              "line 2: unknown field(s) 'expected' (did you mean 'expect'?)", inputs=(typo,))
     broken = _lines(here / "broken.jsonl", [PAIR, b'{"pred": "\xff", "ref": "a", "task": "text"}', "", "[1"])
-    _refused(capsys, ["score", "--pairs", str(broken)], "2 bad line(s)",
+    refused(capsys, ["score", "--pairs", str(broken)], "2 bad line(s)",
              "line 2: not UTF-8 text (byte 0xff at column 11)", "line 4: not JSON", inputs=(broken,))
     bom = _lines(here / "bom.jsonl", [PAIR, "", PAIR], prefix=BOM)
     out = _accepted(capsys, ["score", "--pairs", str(bom), "--json", "--workers", "1"], inputs=(bom,))
@@ -230,23 +209,23 @@ def test_pool_rows_are_named_where_the_user_finds_them(here, capsys):
     from datasets import Dataset
 
     pool = _lines(here / "pool.jsonl", [GOOD_ROW, "", {**GOOD_ROW, "task_type": "chart"}, b"\xc3("])
-    _refused(capsys, ["pool-stats", str(pool)], "2 bad row(s) of 3", "line 3: unknown task_type 'chart'",
+    refused(capsys, ["pool-stats", str(pool)], "2 bad row(s) of 3", "line 3: unknown task_type 'chart'",
              "line 4: not UTF-8 text (byte 0xc3 at column 1)", inputs=(pool,))
     Dataset.from_dict({k: [v, v] for k, v in GOOD_ROW.items()} | {"task_type": ["text", "chart"]}) \
         .to_parquet(str(here / "pool.parquet"))
-    _refused(capsys, ["pool-stats", "pool.parquet"], "row 1: unknown task_type 'chart'", inputs=(here,))
+    refused(capsys, ["pool-stats", "pool.parquet"], "row 1: unknown task_type 'chart'", inputs=(here,))
 
 
 def test_unreadable_pools_name_the_file(here, capsys):
     (here / "bad.parquet").write_bytes(b"PAR1 not really")
-    _refused(capsys, ["pool-stats", "bad.parquet"], "prompt pool bad.parquet: not a readable parquet file",
+    refused(capsys, ["pool-stats", "bad.parquet"], "prompt pool bad.parquet: not a readable parquet file",
              inputs=(here,))
     (here / "empty").mkdir()
-    _refused(capsys, ["pool-stats", "empty"], "prompt pool empty: a folder without state.json",
+    refused(capsys, ["pool-stats", "empty"], "prompt pool empty: a folder without state.json",
              "expected a save_to_disk folder, .parquet, .jsonl", inputs=(here,))
     (here / "shards").mkdir()
     (here / "bad.parquet").rename(here / "shards" / "part-0.parquet")
-    _refused(capsys, ["pool-stats", "shards"], "prompt pool shards: a folder of parquet files", inputs=(here,))
+    refused(capsys, ["pool-stats", "shards"], "prompt pool shards: a folder of parquet files", inputs=(here,))
 
 
 def test_reading_a_dataset_folder_adds_no_file_to_it(here, capsys):
@@ -266,10 +245,10 @@ def test_reading_a_dataset_folder_adds_no_file_to_it(here, capsys):
 
 def test_mixed_value_types_name_line_and_column(here, capsys):
     pool = _lines(here / "pool.jsonl", [{**GOOD_ROW, "meta": 1}, "", {**GOOD_ROW, "meta": "one"}])
-    _refused(capsys, ["pool-stats", str(pool)], "line 3: column 'meta' holds str ('one') where the lines before "
+    refused(capsys, ["pool-stats", str(pool)], "line 3: column 'meta' holds str ('one') where the lines before "
              "hold int", inputs=(pool,))
     huge = _lines(here / "huge.jsonl", [{**GOOD_ROW, "n": 10 ** 30}])
-    _refused(capsys, ["pool-stats", str(huge)], "line 1: column 'n' holds int", inputs=(huge,))
+    refused(capsys, ["pool-stats", str(huge)], "line 1: column 'n' holds int", inputs=(huge,))
 
 
 def test_a_byte_order_mark_is_accepted(here, capsys):
@@ -283,8 +262,8 @@ def test_pool_stats_writes_only_where_asked(here, capsys):
     for png, culprit in (("", "--png '': give a file path"), ("lengths.jpg", "must end in .png"),
                          ("no/such/dir/l.png", "the folder no/such/dir does not exist (pool-stats creates none)"),
                          (str(here), "is a folder")):
-        _refused(capsys, ["pool-stats", str(pool), "--png", png], culprit, inputs=(here,))
-    _refused(capsys, ["pool-stats", str(pool), "--json", str(pool)], "would write over or into the pool",
+        refused(capsys, ["pool-stats", str(pool), "--png", png], culprit, inputs=(here,))
+    refused(capsys, ["pool-stats", str(pool), "--json", str(pool)], "would write over or into the pool",
              inputs=(pool,))
     assert sorted(p.name for p in here.iterdir()) == ["pool.jsonl"]
     _accepted(capsys, ["pool-stats", str(pool), "--png", "l.png", "--json", "s.json"], inputs=(pool,))
@@ -298,7 +277,7 @@ def test_no_writer_replaces_a_special_file(here, capsys):
     from grpo.mining.store import atomic_write
 
     os.mkfifo(here / "pipe.json")
-    _refused(capsys, ["pool-stats", "tiny-probe", "--json", "pipe.json"], "--json pipe.json: exists and is not a "
+    refused(capsys, ["pool-stats", "tiny-probe", "--json", "pipe.json"], "--json pipe.json: exists and is not a "
              "regular file")
     with pytest.raises(UserError, match="is not a regular file; refusing to replace it"):
         atomic_write(here / "pipe.json", "{}")
@@ -308,7 +287,7 @@ def test_no_writer_replaces_a_special_file(here, capsys):
 def test_a_damaged_checkpoint_config_is_named(here, capsys):
     (here / "ckpt").mkdir()
     (here / "ckpt" / "config.json").write_text("{half")
-    _refused(capsys, ["mine", "--model", "ckpt", "--data", "tiny", "--out", "out"], "ckpt/config.json: not valid JSON",
+    refused(capsys, ["mine", "--model", "ckpt", "--data", "tiny", "--out", "out"], "ckpt/config.json: not valid JSON",
              inputs=(here,))
     assert not (here / "out").exists()
 
@@ -327,13 +306,13 @@ def test_narrow_terminal_gets_readable_rows(here, capsys, monkeypatch):
 
 def test_accelerate_config_that_is_a_list(here, capsys):
     (here / "acc.yaml").write_text("- num_processes\n- 2\n")
-    _refused(capsys, ["train", "--dry-run", "--accelerate-config", "acc.yaml"],
+    refused(capsys, ["train", "--dry-run", "--accelerate-config", "acc.yaml"],
              "accelerate config acc.yaml: a list, expected a mapping", inputs=(here,))
 
 
 def test_a_yaml_syntax_error_comes_alone(here, capsys):
     (here / "run.yaml").write_text("max_steps: [1, 2\n")
-    message = _refused(capsys, ["train", "--dry-run", "--config", "run.yaml"], "run.yaml: not valid YAML",
+    message = refused(capsys, ["train", "--dry-run", "--config", "run.yaml"], "run.yaml: not valid YAML",
                        "(1 problem(s))", inputs=(here,))
     assert "bf16" not in message
 
