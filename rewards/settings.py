@@ -13,7 +13,8 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 from .gate import GATES, check_gate
 from .table import TABLE_BONUS, check_table_bonus
@@ -55,3 +56,20 @@ HELD_OUT = DEFAULT
 def settings_of(settings: RewardSettings | None = None, **changes) -> RewardSettings:
     """`settings` (default `DEFAULT`) with `changes`: what the scorers accept as `settings=` or field keywords."""
     return (settings or DEFAULT).replace(**changes)
+
+
+@dataclass(kw_only=True)  # keyword-only: a config's own fields without defaults may come after them
+class RewardFields:
+    """The reward's reading as config fields (`gate`, `table_bonus`), shared by the configs of train and mine."""
+
+    table_bonus: Literal[TABLE_BONUS] = field(default=DEFAULT.table_bonus, metadata={
+        "help": "Reading of the table reward's shape bonus (docs/spec.md §4): 'clipped' (inside the clip, as published) "
+                "or 'scaled' (outside it, divided by 1.1, so only an exact table scores 1.0)."})
+    gate: Literal[GATES] = field(default=DEFAULT.gate, metadata={
+        "help": "Degeneration gate of the reward (rewards.gate): 'relative' (to the reference's) or 'absolute'. "
+                "The TPF probe's held-out reward keeps the published reading (rewards.settings.HELD_OUT)."})
+
+    @property
+    def reward_settings(self) -> RewardSettings:
+        """The `RewardSettings` these fields name."""
+        return RewardSettings(gate=self.gate, table_bonus=self.table_bonus)

@@ -29,10 +29,7 @@ from grpo.mining.selection import INDEX, PREFER, STAT_COLUMNS, RankRule, prompt_
 from grpo.mining.store import (MiningError, MiningStore, atomic_write, check_manifest, check_output, is_empty_folder,
                                pool_fingerprint, set_aside, temporary)
 from grpo.yaml_config import Fields
-from grpo.rewards.gate import GATES
-from grpo.rewards.settings import DEFAULT as REWARD_DEFAULT
-from grpo.rewards.settings import RewardSettings
-from grpo.rewards.table import TABLE_BONUS
+from grpo.rewards.settings import RewardFields
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +46,7 @@ def _help(text: str) -> dict:
 
 
 @dataclass
-class MineConfig:
+class MineConfig(RewardFields):
     """Settings of `gravity-grpo mine`; recipe keys and flags are these field names (old names: `ALIASES`)."""
 
     pool: str = field(metadata=_help("prompt pool: save_to_disk folder, .parquet, .jsonl or a built-in name"))
@@ -86,14 +83,6 @@ class MineConfig:
     dtype: str = field(default="auto", metadata=_help(
         "vLLM dtype: auto (runs a float32 checkpoint in 16 bits), float32, bfloat16, float16"))
     progress: bool = field(default=True, metadata=_help("show a progress bar"))
-    gate: Literal[GATES] = field(default=REWARD_DEFAULT.gate, metadata=_help("the reward's degeneration gate"))
-    table_bonus: Literal[TABLE_BONUS] = field(default=REWARD_DEFAULT.table_bonus, metadata=_help(
-        "the reward's reading of the table shape bonus (docs/spec.md §4)"))
-
-    @property
-    def reward_settings(self) -> RewardSettings:
-        return RewardSettings(gate=self.gate, table_bonus=self.table_bonus)
-
     @property
     def rank(self) -> RankRule:
         """The ranking rule: the `prefer` preset with the overrides that are set."""

