@@ -125,7 +125,7 @@ def test_a_finished_training_without_eval_is_only_evaluated(tmp_path, monkeypatc
     assert json.loads((folder / compare.EVAL_FILE).read_text()) == [{"tokens": 2}]
 
 
-def test_report_only_pairs_the_finished_seeds_and_writes_the_report(tmp_path, monkeypatch):
+def test_report_only_pairs_the_finished_seeds_and_writes_the_report(tmp_path, monkeypatch, capsys):
     from grpo.data.synthetic import generate
     from grpo.cli import main
 
@@ -151,5 +151,12 @@ def test_report_only_pairs_the_finished_seeds_and_writes_the_report(tmp_path, mo
     assert pair["seeds"] == [1, 2] and pair["tpf_ratio"] == pytest.approx(4 / 3) and pair["tpf_wins"] == 2
     assert report["arms"]["a"]["vs_start"]["reward_diff"] == pytest.approx(0.5)
     assert (tmp_path / compare.PLOT_FILE).stat().st_size > 0
+    assert "decision points wrong" in capsys.readouterr().out   # a built-in synthetic probe: the error kinds
+    probe = tmp_path / "probe.jsonl"
+    probe.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["compare", "--arm", "a", "configs/tiny_cpu.yaml", "--arm", "b", "configs/tiny_drafter.yaml",
+                 "--seeds", "1", "2", "--out", str(tmp_path), "--probe-set", str(probe), "--report-only"]) == 0
+    out = capsys.readouterr().out
+    assert "arms vs a" in out and "decision points" not in out   # any other probe set: no empty error table
     assert main(["compare", "--arm", "a", "configs/tiny_cpu.yaml", "--arm", "b", "configs/tiny_drafter.yaml",
                  "--seeds", "3", "--out", str(tmp_path), "--report-only"]) == 2

@@ -103,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:  # unpaired or unfinished runs
         raise UserError(f"{args.out}: {err}") from err
     console.print(_table(report))
-    console.print(_errors_table(report))
+    if any(entry["errors"] for entry in report["arms"].values()):  # only on a built-in synthetic probe set
+        console.print(_errors_table(report))
     console.print(f"wrote {Path(args.out) / REPORT_FILE}", markup=False)
     return 0
