@@ -2,8 +2,9 @@
 
 A pool is a `datasets` dataset with columns `prompt`, `target`, `task_type` and, for vision-language
 policies, `image`. It can be a `save_to_disk` folder, a `.parquet` file, a `.jsonl` file or a built-in
-synthetic split name (`grpo.data.synthetic.SPLITS`). In a jsonl file `image` is a path relative to the file, or
-`{"bytes": "<base64>"}`, or absent / null for text-only pools.
+synthetic split name (`grpo.data.synthetic.split_of`: `tiny`, `tiny-probe`, a fresh probe `tiny-probe@SEED`,
+...). In a jsonl file `image` is a path relative to the file, or `{"bytes": "<base64>"}`, or absent / null
+for text-only pools.
 
 Every row is checked (task_type known, target and prompt non-empty strings, target within the reward's
 `MAX_REF_CHARS`, image readable); all bad rows are reported together, with their reason, by where a user finds
@@ -144,11 +145,11 @@ def _read(spec: str):
         if path.suffix == ".parquet":
             return _read_parquet(path, spec), path.parent, [], None
         return _read_jsonl(path)
-    from .synthetic import SPLITS, build_split
+    from .synthetic import FRESH_PROBE, SPLITS, build_split, is_builtin
 
-    if spec in SPLITS:
+    if is_builtin(spec):
         return build_split(spec), Path.cwd(), [], None
-    raise PoolError(spec, f"not found; expected {FORMATS} ({', '.join(SPLITS)})")
+    raise PoolError(spec, f"not found; expected {FORMATS} ({', '.join(SPLITS)}, or {FRESH_PROBE}@SEED)")
 
 
 def _read_parquet(path: Path, spec: str):

@@ -24,6 +24,7 @@ Example:
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import random
@@ -60,6 +61,9 @@ SPLITS = {
     "tiny": Split(240, 2, range(10, 20), LONG_TEXT),
     "tiny-probe": Split(60, 3, range(0, 10), LONG_TEXT),
 }
+# `tiny-probe@S`: the probe's recipe (size, buckets, crops) drawn with generator seed S instead of 3, without
+# tiny-probe's own rows: a fresh held-out probe, to check that a result is not tied to the one probe it was seen on.
+FRESH_PROBE = "tiny-probe"
 
 _WORDS = (
     "the of and to in is was for on that with as by at from it this be are or an which his her their "
@@ -400,18 +404,36 @@ def _training_keys() -> frozenset:
     return frozenset(keys)
 
 
+def split_of(name: str) -> Split | None:
+    """The `Split` a built-in name stands for, or None: a `SPLITS` key, or `tiny-probe@S` (`FRESH_PROBE`)."""
+    base, sep, seed = name.partition("@")
+    if not sep:
+        return SPLITS.get(name)
+    if base != FRESH_PROBE or not seed.isdigit():
+        return None
+    return dataclasses.replace(SPLITS[FRESH_PROBE], seed=int(seed))
+
+
+def is_builtin(name: str) -> bool:
+    """Whether `name` is a built-in synthetic split (`split_of`)."""
+    return split_of(name) is not None
+
+
 def generate(name: str, n: int | None = None) -> list[dict]:
     """Rows of split `name` (text-only columns), tasks in equal shares, deterministic.
 
     A held-out split (not `training`) also skips any candidate whose true target or prompt a training split
-    holds: `tiny-train` keeps the buckets it was built with, which hash the shown crop.
+    holds: `tiny-train` keeps the buckets it was built with, which hash the shown crop. A fresh probe
+    (`tiny-probe@S`) also skips those of `tiny-probe` itself.
     """
-    if name not in SPLITS:
-        raise ValueError(f"unknown synthetic split {name!r}; valid: {', '.join(SPLITS)}")
-    split = SPLITS[name]
+    split = split_of(name)
+    if split is None:
+        raise ValueError(f"unknown synthetic split {name!r}; valid: {', '.join(SPLITS)}, or {FRESH_PROBE}@SEED")
     n = split.rows if n is None else n
     noise_rng = random.Random(f"noise-{split.seed}")  # its own stream: noise never changes which crops a split holds
     avoid = frozenset() if split.training else _training_keys()
+    if "@" in name:
+        avoid |= {key for row in generate(FRESH_PROBE) for key in ((row["task_type"], row["target"]), row["prompt"])}
     tasks = list(GENERATORS)
     rows = []
     candidates = _candidates(split)
@@ -425,7 +447,7 @@ def generate(name: str, n: int | None = None) -> list[dict]:
 
 
 def build_split(name: str, n: int | None = None):
-    """The built-in split `name` (see `SPLITS`) as a `datasets.Dataset`; `grpo.data.render` adds images."""
+    """The built-in split `name` (`split_of`) as a `datasets.Dataset`; `grpo.data.render` adds images."""
     import datasets
 
     return datasets.Dataset.from_list(generate(name, n))

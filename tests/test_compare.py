@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -81,13 +82,13 @@ def test_finished_runs_are_skipped_and_interrupted_ones_restart(tmp_path, monkey
     (done / compare.EVAL_FILE).write_text(json.dumps([{"tokens": 1}]))
     calls = []
     monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: calls.append(a) or type("R", (), {"returncode": 3}))
-    assert compare.run_one(arm, 1, tmp_path, {}, {}, log=lambda _: None) == [{"tokens": 1}]
+    assert compare.run_one(arm, 1, tmp_path, {}, compare.DEFAULT_PROBE, log=lambda _: None) == [{"tokens": 1}]
     assert not calls
     partial = tmp_path / "a" / "seed-2"
     partial.mkdir()
     (partial / "stale").write_text("x")
     with pytest.raises(RuntimeError, match="exit 3"):
-        compare.run_one(arm, 2, tmp_path, {}, {}, log=lambda _: None)
+        compare.run_one(arm, 2, tmp_path, {}, compare.DEFAULT_PROBE, log=lambda _: None)
     assert len(calls) == 1 and not (partial / "stale").exists()
 
 
@@ -120,7 +121,7 @@ def test_a_finished_training_without_eval_is_only_evaluated(tmp_path, monkeypatc
     monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: pytest.fail("retrained a finished run"))
     seen = []
     monkeypatch.setattr(compare, "evaluate", lambda model, base, **probe: seen.append(model) or [{"tokens": 2}])
-    assert compare.run_one(arm, 4, tmp_path, {}, {}, log=lambda _: None) == [{"tokens": 2}]
+    assert compare.run_one(arm, 4, tmp_path, {}, compare.DEFAULT_PROBE, log=lambda _: None) == [{"tokens": 2}]
     assert seen == [folder / "checkpoint-80"]
     assert json.loads((folder / compare.EVAL_FILE).read_text()) == [{"tokens": 2}]
 
@@ -136,27 +137,61 @@ def test_report_only_pairs_the_finished_seeds_and_writes_the_report(tmp_path, mo
                  "truncated": False, "reward": 1.0 if good else 0.5, "text": r["target"] if good else ""}
                 for i, r in enumerate(rows)]
 
-    (tmp_path / compare.START_FILE).write_text(json.dumps(evals(4, False)))
+    probe = {**compare.DEFAULT_PROBE, "probe_size": 6}
+    (tmp_path / compare.probe_named(compare.START_FILE, probe)).write_text(json.dumps(evals(4, False)))
     for arm, forwards in (("a", 4), ("b", 3)):
         for seed in (1, 2):
             folder = tmp_path / arm / f"seed-{seed}"
             folder.mkdir(parents=True)
-            (folder / compare.EVAL_FILE).write_text(json.dumps(evals(forwards, True)))
+            (folder / compare.probe_named(compare.EVAL_FILE, probe)).write_text(json.dumps(evals(forwards, True)))
     (tmp_path / "b" / "seed-3").mkdir()            # unfinished in b: left out of the report
     monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: pytest.fail("report-only trained"))
     assert main(["compare", "--arm", "a", "configs/tiny_cpu.yaml", "--arm", "b", "configs/tiny_drafter.yaml",
                  "--seeds", "1", "2", "3", "--out", str(tmp_path), "--probe-size", "6", "--report-only"]) == 0
-    report = json.loads((tmp_path / compare.REPORT_FILE).read_text())
+    report = json.loads((tmp_path / compare.probe_named(compare.REPORT_FILE, probe)).read_text())
     pair = report["arms"]["b"]["vs_reference"]
     assert pair["seeds"] == [1, 2] and pair["tpf_ratio"] == pytest.approx(4 / 3) and pair["tpf_wins"] == 2
     assert report["arms"]["a"]["vs_start"]["reward_diff"] == pytest.approx(0.5)
-    assert (tmp_path / compare.PLOT_FILE).stat().st_size > 0
+    assert (tmp_path / compare.probe_named(compare.PLOT_FILE, probe)).stat().st_size > 0
     assert "decision points wrong" in capsys.readouterr().out   # a built-in synthetic probe: the error kinds
-    probe = tmp_path / "probe.jsonl"
-    probe.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert main(["compare", "--arm", "a", "configs/tiny_cpu.yaml", "--arm", "b", "configs/tiny_drafter.yaml",
-                 "--seeds", "1", "2", "--out", str(tmp_path), "--probe-set", str(probe), "--report-only"]) == 0
-    out = capsys.readouterr().out
-    assert "arms vs a" in out and "decision points" not in out   # any other probe set: no empty error table
     assert main(["compare", "--arm", "a", "configs/tiny_cpu.yaml", "--arm", "b", "configs/tiny_drafter.yaml",
                  "--seeds", "3", "--out", str(tmp_path), "--report-only"]) == 2
+
+
+def test_another_probe_reevaluates_finished_runs_into_files_named_after_it(tmp_path, monkeypatch, capsys):
+    from grpo.cli import main
+    from grpo.data.synthetic import generate
+
+    rows = generate("tiny-probe@5", 6)
+    probe = tmp_path / "my probe.jsonl"
+    probe.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for arm in ("a", "b"):
+        folder = tmp_path / arm / "seed-1"
+        (folder / "checkpoint-80").mkdir(parents=True)
+        (folder / compare.TRAINED_FILE).write_text("{}")
+        (folder / compare.EVAL_FILE).write_text("[]")          # the default probe's evaluation: kept as it is
+    monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: pytest.fail("retrained a finished run"))
+    monkeypatch.setattr(compare.RunDir, "read_config", lambda self: {"model": "tiny"})
+    seen = []
+
+    def evaluate(model, base, probe_set, probe_size, max_new_tokens):
+        seen.append((str(model), probe_set, probe_size))
+        return [{"index": i, "task": r["task_type"], "tokens": 9, "forwards": 2 if Path(model).parts[-3:-2] == ("b",) else 3,
+                 "ar_equal": True, "truncated": False, "reward": 0.5, "text": r["target"]} for i, r in enumerate(rows)]
+
+    monkeypatch.setattr(compare, "evaluate", evaluate)
+    assert main(["compare", "--arm", "a", "configs/tiny_cpu.yaml", "--arm", "b", "configs/tiny_drafter.yaml",
+                 "--seeds", "1", "--out", str(tmp_path), "--probe-set", str(probe), "--probe-size", "6"]) == 0
+    probe_dict = {"probe_set": str(probe), "probe_size": 6, "max_new_tokens": 192}
+    name = compare.probe_named(compare.EVAL_FILE, probe_dict)
+    assert name.startswith("eval.") and name.endswith("my_probe.jsonl-6-192.json") and " " not in name
+    assert [s[1:] for s in seen] == [(str(probe), 6)] * 3          # the start model and each arm's last checkpoint
+    for arm in ("a", "b"):
+        assert (tmp_path / arm / "seed-1" / compare.EVAL_FILE).read_text() == "[]"
+        assert len(json.loads((tmp_path / arm / "seed-1" / name).read_text())) == 6
+    report = json.loads((tmp_path / compare.probe_named(compare.REPORT_FILE, probe_dict)).read_text())
+    assert report["probe"] == probe_dict and report["arms"]["b"]["vs_reference"]["tpf_ratio"] == pytest.approx(1.5)
+    assert not (tmp_path / compare.REPORT_FILE).exists()
+    out = capsys.readouterr().out
+    assert "arms vs a" in out and "decision points" not in out   # not a built-in probe: no error-kind table
+    assert compare.probe_named(compare.EVAL_FILE, dict(compare.DEFAULT_PROBE)) == compare.EVAL_FILE

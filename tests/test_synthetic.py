@@ -130,12 +130,26 @@ def test_held_out_splits_share_no_true_target_or_prompt_with_training():
              for e, _ in zip(_candidates(SPLITS[name]), range(SPLITS[name].rows))}
     prompts = {r["prompt"] for rows in train.values() for r in rows}
     assert _training_keys() == frozenset(truth | prompts)
-    held = {name: generate(name) for name in ("tiny", "tiny-probe")}
+    held = {name: generate(name) for name in ("tiny", "tiny-probe", "tiny-probe@11")}
     for name, rows in held.items():
         assert not {(r["task_type"], r["target"]) for r in rows} & truth, name
         assert not {r["prompt"] for r in rows} & prompts, name
-    assert not {r["target"] for r in held["tiny"]} & {r["target"] for r in held["tiny-probe"]}
-    assert not {r["prompt"] for r in held["tiny"]} & {r["prompt"] for r in held["tiny-probe"]}
+    for a, b in (("tiny", "tiny-probe"), ("tiny", "tiny-probe@11"), ("tiny-probe", "tiny-probe@11")):
+        assert not {r["target"] for r in held[a]} & {r["target"] for r in held[b]}, (a, b)
+        assert not {r["prompt"] for r in held[a]} & {r["prompt"] for r in held[b]}, (a, b)
+
+
+def test_a_fresh_probe_is_the_probe_recipe_with_another_seed():
+    from grpo.data.synthetic import is_builtin, split_of
+
+    assert split_of("tiny-probe@11") == dataclasses.replace(SPLITS["tiny-probe"], seed=11)
+    rows = generate("tiny-probe@11")
+    assert len(rows) == 60 and [r["task_type"] for r in rows[:3]] == list(GENERATORS)
+    assert rows == generate("tiny-probe@11") and rows != generate("tiny-probe@12")
+    for name in ("tiny@11", "tiny-probe@", "tiny-probe@x", "tiny-probe@-1"):
+        assert not is_builtin(name)
+        with pytest.raises(ValueError, match="tiny-probe@SEED"):
+            generate(name)
 
 
 def test_unknown_split_names_the_valid_ones():

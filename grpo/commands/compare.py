@@ -15,9 +15,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="folder of the runs and the report (resumable)")
     parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
                         help="config override for every arm (e.g. --set tpf_every=0); repeatable")
-    parser.add_argument("--probe-set", default="tiny-probe", help="prompts the final checkpoints are evaluated on")
-    parser.add_argument("--probe-size", type=int, default=60, help="first N prompts of the probe set")
-    parser.add_argument("--max-new-tokens", type=int, default=192, help="output cap per probe prompt")
+    from grpo.training.compare import DEFAULT_PROBE
+
+    parser.add_argument("--probe-set", default=DEFAULT_PROBE["probe_set"],
+                        help="prompts the final checkpoints are evaluated on (a pool; tiny-probe@SEED: a fresh "
+                             "synthetic probe). On another probe than the default, a finished comparison is "
+                             "only re-evaluated, into files named after the probe")
+    parser.add_argument("--probe-size", type=int, default=DEFAULT_PROBE["probe_size"],
+                        help="first N prompts of the probe set")
+    parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_PROBE["max_new_tokens"],
+                        help="output cap per probe prompt")
     parser.add_argument("--report-only", action="store_true",
                         help="train nothing: report the seeds every arm has finished (while a comparison runs)")
 
@@ -84,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
 
     from grpo.console import console
     from grpo.errors import UserError
-    from grpo.training.compare import REPORT_FILE, Arm, run_comparison
+    from grpo.training.compare import REPORT_FILE, Arm, probe_named, run_comparison
 
     arms = []
     for spec in args.arms:
@@ -96,14 +103,13 @@ def run(args: argparse.Namespace) -> int:
     if len(arms) < 2 or len({a.name for a in arms}) != len(arms):
         raise UserError("compare needs at least two --arm with distinct names")
     try:
-        report = run_comparison(arms, args.seeds, args.out, common=_pairs(args.assignments, "--set"),
-                                probe_set=args.probe_set, probe_size=args.probe_size,
-                                max_new_tokens=args.max_new_tokens, report_only=args.report_only,
-                                log=lambda text: console.print(text, markup=False))
+        probe = {"probe_set": args.probe_set, "probe_size": args.probe_size, "max_new_tokens": args.max_new_tokens}
+        report = run_comparison(arms, args.seeds, args.out, common=_pairs(args.assignments, "--set"), probe=probe,
+                                report_only=args.report_only, log=lambda text: console.print(text, markup=False))
     except ValueError as err:  # unpaired or unfinished runs
         raise UserError(f"{args.out}: {err}") from err
     console.print(_table(report))
     if any(entry["errors"] for entry in report["arms"].values()):  # only on a built-in synthetic probe set
         console.print(_errors_table(report))
-    console.print(f"wrote {Path(args.out) / REPORT_FILE}", markup=False)
+    console.print(f"wrote {Path(args.out) / probe_named(REPORT_FILE, report['probe'])}", markup=False)
     return 0

@@ -152,9 +152,9 @@ def tokenize_rows(rows, tokenizer, max_target_tokens: int) -> list[tuple[list[in
 
 
 def _training_rows(spec: str):
-    from grpo.data.synthetic import SPLITS, build_split
+    from grpo.data.synthetic import build_split, is_builtin
 
-    if spec in SPLITS:
+    if is_builtin(spec):
         return build_split(spec)
     from grpo.data.pool import load_pool
 

@@ -6,6 +6,9 @@ self-speculative decoder with AR greedy beside it (`grpo.decoding.tpf.measure_tp
 --compare-ar --score`), and the rows land in `eval.json`. The starting model is evaluated once (`start.json`).
 A run with `eval.json` is skipped, so an interrupted comparison resumes where it stopped; a finished
 training (`wall_time.json`) without it is only evaluated; any other run folder is trained again from scratch.
+On a probe other than the default one (`DEFAULT_PROBE`) every evaluation and report file carries the probe
+in its name (`eval.tiny-probe@7-60-192.json`, `compare.tiny-probe@7-60-192.json`), so the same command with
+another `--probe-set` re-evaluates a finished comparison on it without training anything.
 
 The first arm is the reference: every other arm is paired with it (`grpo.training.compare_stats`), and every
 arm with the starting model (held-out change). On a built-in synthetic probe set the report also counts, per
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,6 +37,16 @@ from grpo.training.run_dir import RunDir
 
 EVAL_FILE, START_FILE, REPORT_FILE, PLOT_FILE = "eval.json", "start.json", "compare.json", "compare.png"
 TRAINED_FILE = "wall_time.json"  # the trainer writes it once training has finished
+DEFAULT_PROBE = {"probe_set": "tiny-probe", "probe_size": 60, "max_new_tokens": 192}
+
+
+def probe_named(file: str, probe: dict) -> str:
+    """`file` itself for `DEFAULT_PROBE`; `stem.<probe set>-<size>-<max new tokens>.suffix` for any other."""
+    if probe == DEFAULT_PROBE:
+        return file
+    name = re.sub(r"[^\w@.-]+", "_", str(probe["probe_set"])).strip("_")
+    stem, suffix = file.rsplit(".", 1)
+    return f"{stem}.{name}-{probe['probe_size']}-{probe['max_new_tokens']}.{suffix}"
 
 
 @dataclass(frozen=True)
@@ -88,7 +102,7 @@ def _write(path: Path, value: Any) -> None:
 def run_one(arm: Arm, seed: int, out: Path, common: dict, probe: dict, log: Callable[[str], None]) -> list[dict]:
     """Train and evaluate one run, or read its `eval.json` when it already finished."""
     folder = out / arm.name / f"seed-{seed}"
-    done = folder / EVAL_FILE
+    done = folder / probe_named(EVAL_FILE, probe)
     if done.is_file():
         log(f"{arm.name} seed {seed}: done, skipped")
         return json.loads(done.read_text())
@@ -112,7 +126,7 @@ def run_one(arm: Arm, seed: int, out: Path, common: dict, probe: dict, log: Call
 
 def start_rows(model: str, out: Path, probe: dict) -> list[dict]:
     """The starting model's probe rows (`start.json`, evaluated once)."""
-    path = out / START_FILE
+    path = out / probe_named(START_FILE, probe)
     if not path.is_file():
         _write(path, evaluate(model, None, **probe))
     return json.loads(path.read_text())
@@ -121,9 +135,9 @@ def start_rows(model: str, out: Path, probe: dict) -> list[dict]:
 def error_kinds(probe_set: str, probe_size: int, start: list[dict], runs: dict[int, list[dict]]) -> dict | None:
     """Per error kind of `grpo.data.synthetic.MISLABELS`: probe decision points greedy gets wrong at the start and
     after training (pooled over seeds, McNemar), and over-generation counts; None for a non-synthetic probe."""
-    from grpo.data.synthetic import MISLABELS, SPLITS, UNITS, Example, generate, wrong_at
+    from grpo.data.synthetic import MISLABELS, UNITS, Example, generate, is_builtin, wrong_at
 
-    if probe_set not in SPLITS:
+    if not is_builtin(probe_set):
         return None
     rows = generate(probe_set, probe_size)
     kinds: dict[str, dict] = {}
@@ -168,19 +182,21 @@ def summarize(arms: list[Arm], results: dict[str, dict[int, list[dict]]], start:
 
 
 def run_comparison(arms: list[Arm], seeds: list[int], out: str | Path, *, common: dict | None = None,
-                   probe_set: str = "tiny-probe", probe_size: int = 60, max_new_tokens: int = 192,
-                   report_only: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
+                   probe: dict | None = None, report_only: bool = False,
+                   log: Callable[[str], None] = print) -> dict[str, Any]:
     """Every (arm, seed) run, one at a time (finished ones skipped), then the report (`compare.json`) and
-    its plot (`compare.png`) in `out`. `report_only`: no training, the report of the seeds that every arm
-    has finished (a partial comparison, while it still runs)."""
+    its plot (`compare.png`) in `out`, both named after the probe (`probe_named`; keys of `DEFAULT_PROBE`).
+    `report_only`: no training, the report of the seeds that every arm has finished (a partial
+    comparison, while it still runs)."""
     if len({a.name for a in arms}) != len(arms) or not arms:
         raise ValueError("arms need distinct names")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    probe = {"probe_set": probe_set, "probe_size": probe_size, "max_new_tokens": max_new_tokens}
+    probe = {**DEFAULT_PROBE, **(probe or {})}
     results: dict[str, dict[int, list[dict]]] = {a.name: {} for a in arms}
     if report_only:
-        seeds = [s for s in seeds if all((out / a.name / f"seed-{s}" / EVAL_FILE).is_file() for a in arms)]
+        done = probe_named(EVAL_FILE, probe)
+        seeds = [s for s in seeds if all((out / a.name / f"seed-{s}" / done).is_file() for a in arms)]
         if not seeds:
             raise ValueError(f"{out}: no seed finished in every arm yet")
     for seed in seeds:  # seed-major: a partial comparison already pairs the arms on its first seeds
@@ -190,8 +206,8 @@ def run_comparison(arms: list[Arm], seeds: list[int], out: str | Path, *, common
 
     model = load_config(arms[0].config, {**(common or {}), **arms[0].overrides}).model
     report = summarize(arms, results, start_rows(model, out, probe), probe)
-    _write(out / REPORT_FILE, report)
-    plot_comparison(report, out / PLOT_FILE)
+    _write(out / probe_named(REPORT_FILE, probe), report)
+    plot_comparison(report, out / probe_named(PLOT_FILE, probe))
     return report
 
 
