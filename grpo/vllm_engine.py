@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,6 +47,13 @@ def engine_start_guard():
             sys.modules[_LLVMLITE_FFI] = llvmlite_ffi
 
 
+def free_port() -> int:
+    """A TCP port nobody listens on now, picked by the OS."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def set_engine_env() -> bool:
     """Set the engine's environment defaults (user settings win) before vLLM starts; True on GPU.
 
@@ -59,6 +67,10 @@ def set_engine_env() -> bool:
     on_gpu = not on_cpu()
     for key, value in {**_ENGINE_ENV, **({} if on_gpu else _CPU_ENV)}.items():
         os.environ.setdefault(key, value)
+    if "WORLD_SIZE" not in os.environ:  # one process, no launcher (a launcher sets both)
+        # TRL's colocated engine meets at MASTER_PORT, else at the first free port of a fixed list (29500
+        # first): two runs that start together both take 29500, and one dies at EADDRINUSE.
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
     if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
         log.warning("VLLM_ENABLE_V1_MULTIPROCESSING=%s: sync_weights needs an in-process engine",
                     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"])

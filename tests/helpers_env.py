@@ -7,7 +7,6 @@ for rank 0 of a launched group and try to listen on the parent's port (EADDRINUS
 from __future__ import annotations
 
 import os
-import socket
 
 RENDEZVOUS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -17,10 +16,3 @@ def child_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS}
     env.update(extra)
     return env
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on now (for a child's MASTER_PORT or an accelerate launch)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers_env import child_env, free_port
+from grpo.vllm_engine import free_port
+from helpers_env import child_env
 
 pytestmark = pytest.mark.slow
 

@@ -1,6 +1,10 @@
 """Settings the trainer hands to the rollout engine and to bitsandbytes, checked without a GPU (issue 13):
-vLLM's sampling parameters ban GLM-OCR's image tokens; the QLoRA config stores 4-bit weights in bf16."""
+vLLM's sampling parameters ban GLM-OCR's image tokens; the QLoRA config stores 4-bit weights in bf16; a
+single process meets its colocated engine at a port of its own."""
 from __future__ import annotations
+
+import os
+import socket
 
 import pytest
 import torch
@@ -8,7 +12,7 @@ import torch
 from grpo.checkpoint import load_checkpoint, tokenizer_of
 from grpo.training.config import GravityGRPOConfig
 from grpo.training.trainer import qlora_quantization_config, rollout_generation_kwargs
-from grpo.vllm_engine import ban_tokens_kwargs, image_token_ids, merge_sampling_kwargs
+from grpo.vllm_engine import ban_tokens_kwargs, image_token_ids, merge_sampling_kwargs, set_engine_env
 from helpers_models import IMAGE_TOKENS, build_glmocr_checkpoint
 
 
@@ -67,3 +71,24 @@ def test_qlora_config_stores_4bit_weights_in_bf16():
     config = qlora_quantization_config()
     assert config.load_in_4bit and config.bnb_4bit_quant_type == "nf4"
     assert config.bnb_4bit_quant_storage == torch.bfloat16 and config.bnb_4bit_compute_dtype == torch.bfloat16
+
+
+def test_a_single_process_meets_its_engine_at_a_free_port_of_its_own(monkeypatch):
+    from trl.trainer.utils import ensure_master_addr_port
+
+    environ = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "MASTER_PORT")}
+    monkeypatch.setattr(os, "environ", environ)
+    set_engine_env()
+    port = int(environ["MASTER_PORT"])
+    assert port != 29500          # not TRL's first choice, which two runs starting together would share
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))   # nobody listens there
+    ensure_master_addr_port()     # what TRL's colocated engine calls: it keeps the port
+    assert environ["MASTER_PORT"] == str(port)
+    environ["MASTER_PORT"] = "12345"
+    set_engine_env()
+    assert environ["MASTER_PORT"] == "12345"     # the user's port wins
+    del environ["MASTER_PORT"]
+    environ["WORLD_SIZE"] = "2"
+    set_engine_env()
+    assert "MASTER_PORT" not in environ          # a launched run: the launcher's rendezvous

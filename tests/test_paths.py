@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from grpo.paths import glob_safe, is_glob_safe
-from helpers_env import child_env, free_port
+from grpo.vllm_engine import free_port
+from helpers_env import child_env
 
 REPO = Path(__file__).resolve().parents[1]
 CLONE = ("my projects", "ocr [rl] runs", "gg")  # the path of the check `paths-anywhere`
