@@ -432,7 +432,7 @@ def generate(name: str, n: int | None = None) -> list[dict]:
     n = split.rows if n is None else n
     noise_rng = random.Random(f"noise-{split.seed}")  # its own stream: noise never changes which crops a split holds
     avoid = frozenset() if split.training else _training_keys()
-    if "@" in name:
+    if name not in SPLITS:  # a fresh probe
         avoid |= {key for row in generate(FRESH_PROBE) for key in ((row["task_type"], row["target"]), row["prompt"])}
     tasks = list(GENERATORS)
     rows = []

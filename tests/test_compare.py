@@ -176,8 +176,9 @@ def test_another_probe_reevaluates_finished_runs_into_files_named_after_it(tmp_p
 
     def evaluate(model, base, probe_set, probe_size, max_new_tokens):
         seen.append((str(model), probe_set, probe_size))
-        return [{"index": i, "task": r["task_type"], "tokens": 9, "forwards": 2 if Path(model).parts[-3:-2] == ("b",) else 3,
-                 "ar_equal": True, "truncated": False, "reward": 0.5, "text": r["target"]} for i, r in enumerate(rows)]
+        forwards = 2 if Path(model).parts[-3:-2] == ("b",) else 3   # arm b's checkpoint drafts better
+        return [{"index": i, "task": r["task_type"], "tokens": 9, "forwards": forwards, "ar_equal": True,
+                 "truncated": False, "reward": 0.5, "text": r["target"]} for i, r in enumerate(rows)]
 
     monkeypatch.setattr(compare, "evaluate", evaluate)
     assert main(["compare", "--arm", "a", "configs/tiny_cpu.yaml", "--arm", "b", "configs/tiny_drafter.yaml",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -339,21 +340,28 @@ HOSTILE_BYTES = st.one_of(st.binary(max_size=300), st.lists(LINE_PIECES, max_siz
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+@contextmanager
+def hostile_file(name: str, data: bytes):
+    """A file `name` holding `data` in a fresh folder; after the block, its bytes must be unchanged."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / name
+        path.write_bytes(data)
+        yield path
+        assert path.read_bytes() == data
+
+
 @SETTINGS
 @given(HOSTILE_BYTES)
 def test_any_bytes_give_pairs_or_one_user_error(data):
     from grpo.rewards.regression import read_pairs
 
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "pairs.jsonl"
-        path.write_bytes(data)
+    with hostile_file("pairs.jsonl", data) as path:
         try:
             pairs = read_pairs(path)
         except UserError as err:
             assert str(err).startswith(f"{path}")
         else:
             assert pairs and all(isinstance(p.pred, str) and p.line >= 1 for p in pairs)
-        assert path.read_bytes() == data
 
 
 @SETTINGS
@@ -361,13 +369,10 @@ def test_any_bytes_give_pairs_or_one_user_error(data):
 def test_any_bytes_give_a_pool_or_one_user_error(data):
     from grpo.data.pool import load_pool
 
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "pool.jsonl"
-        path.write_bytes(data)
+    with hostile_file("pool.jsonl", data) as path:
         try:
             ds = load_pool(str(path), skip_bad=True)
         except UserError as err:
             assert str(err).startswith(f"prompt pool {path}")
         else:
             assert len(ds) >= 1 and all(isinstance(t, str) and t.strip() for t in ds["target"])
-        assert path.read_bytes() == data

@@ -7,6 +7,8 @@ HELP = "multi-seed A/B of GRPO recipes: arms x seeds, final checkpoints paired o
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from grpo.training.compare import DEFAULT_PROBE
+
     parser.add_argument("--arm", dest="arms", action="append", nargs="+", required=True,
                         metavar="NAME CONFIG [KEY=VALUE ...]",
                         help="one recipe: a name, a GRPO config file and config overrides; repeatable, at least "
@@ -15,8 +17,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="folder of the runs and the report (resumable)")
     parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
                         help="config override for every arm (e.g. --set tpf_every=0); repeatable")
-    from grpo.training.compare import DEFAULT_PROBE
-
     parser.add_argument("--probe-set", default=DEFAULT_PROBE["probe_set"],
                         help="prompts the final checkpoints are evaluated on (a pool; tiny-probe@SEED: a fresh "
                              "synthetic probe). On another probe than the default, a finished comparison is "
