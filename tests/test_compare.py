@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpo.decoding.tpf import tpf_of
 from grpo.training import compare, compare_stats
 from grpo.training.trainer import shuffle_within_groups
 
@@ -21,6 +22,8 @@ def test_paired_summary_geometric_mean_wins_and_intervals():
     b = {0: _rows([(8, 2), (8, 2)], [0.5, 0.7]), 1: _rows([(9, 3), (9, 3)], [0.6, 0.6])}
     s = compare_stats.paired_summary(a, b, samples=500)
     assert s["per_seed_tpf_ratio"] == [2.0, 1.0]
+    assert s["tpf_a"] == pytest.approx([tpf_of(a[0]), tpf_of(a[1])])   # the TPF convention of `gravity-grpo tpf`
+    assert s["tpf_a"] == pytest.approx([7 / 4, 8 / 3])                    # x0 not counted
     assert s["tpf_ratio"] == pytest.approx(math.sqrt(2.0))
     assert (s["tpf_wins"], s["reward_wins"]) == (1, 1)
     assert s["reward_diff"] == pytest.approx(0.05)

@@ -43,11 +43,12 @@ def _interval(values: np.ndarray) -> tuple[float, float]:
 def paired_summary(a: dict[int, list[dict]], b: dict[int, list[dict]], samples: int = SAMPLES,
                    seed: int = 0) -> dict[str, Any]:
     """Arm `b` against the reference arm `a` ({seed: probe rows in prompt order}, rows with `tokens`,
-    `forwards`, `reward`): geometric-mean TPF ratio b/a over seeds, mean reward difference b - a, their
+    `forwards`, `reward`): geometric-mean TPF ratio b/a over seeds (TPF as `tpf_of` counts it), mean reward difference b - a, their
     95% intervals (bootstrap over seeds and prompts), per-seed values and wins (seeds where b is ahead)."""
     seeds = _check(a, b)
     tok_a, fwd_a, rew_a = (_arrays(a, seeds, k) for k in ("tokens", "forwards", "reward"))
     tok_b, fwd_b, rew_b = (_arrays(b, seeds, k) for k in ("tokens", "forwards", "reward"))
+    tok_a, tok_b = tok_a - 1, tok_b - 1   # the tokens after x0, as `grpo.decoding.tpf.tpf_of` counts (AR = 1.0)
 
     def stats(si: np.ndarray, pi: np.ndarray) -> tuple[float, float]:
         ta = tok_a[np.ix_(si, pi)].sum(1) / fwd_a[np.ix_(si, pi)].sum(1)
