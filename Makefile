@@ -3,7 +3,6 @@ PY      := .venv/bin/python
 PIP     := $(PY) -m pip
 STAMP   := .venv/.installed
 export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
-export HF_HUB_OFFLINE ?= 1
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export VLLM_CPU_OMP_THREADS_BIND ?= nobind
 export TOKENIZERS_PARALLELISM ?= false
@@ -23,14 +22,14 @@ path-check:
 # triton break imports beside torch+cpu and nothing here needs them: removed. torchvision stays (GLM-OCR's
 # processor and vLLM's GLM-OCR code import it); its CUDA ops cannot load beside torch+cpu, so a .pth file
 # lets it import in every process of the venv (grpo/torchvision_ops.py, docs/vlm.md); the last line checks it.
-$(STAMP): pyproject.toml constraints-cpu.txt grpo/torchvision_ops.py
+$(STAMP): pyproject.toml rewards/pyproject.toml constraints-cpu.txt grpo/torchvision_ops.py
 	test -d .venv || python3 -m venv .venv
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
 	if command -v nvidia-smi >/dev/null 2>&1; then \
-	  $(PIP) install -q -e '.[gpu,dev]'; \
+	  $(PIP) install -q -e ./rewards -e '.[gpu,dev]'; \
 	else \
-	  $(PIP) install -q -c constraints-cpu.txt -e '.[cpu,dev]' && \
+	  $(PIP) install -q -c constraints-cpu.txt -e ./rewards -e '.[cpu,dev]' && \
 	  $(PIP) uninstall -q -y torchaudio torchcodec triton && \
 	  $(PY) -m grpo.torchvision_ops; \
 	fi
@@ -46,14 +45,15 @@ gpu-check:
 	  --junitxml=runs/gpu-check/junit.xml >runs/gpu-check/pytest.log 2>&1; rc=$$?; \
 	tail -n 40 runs/gpu-check/pytest.log; exit $$rc
 
+# Tests and the demo use only what this checkout holds: the hub is off for them alone.
 test: setup
-	$(PY) -m pytest -q --durations=15
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q --durations=15
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow"
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow"
 
 demo: setup
-	$(PY) -m grpo.cli demo
+	HF_HUB_OFFLINE=1 $(PY) -m grpo.cli demo
 
 bench: setup
 	$(PY) benchmarks/rewards_bench.py

@@ -1,6 +1,6 @@
 """Reward speed, measured against references in the same run.
 
-1. TEDS_s of the project (numba Zhang–Shasha, `grpo.rewards.teds`) vs plain apted (`grpo.rewards.teds_apted`, the
+1. TEDS_s of the project (numba Zhang–Shasha, `ocr_rewards.teds`) vs plain apted (`ocr_rewards.teds_apted`, the
    algorithm of PubTabNet's metric.py) on synthetic r x c tables with a noisy prediction, both from the
    raw HTML (parsing included), checking that the two values are equal (1e-9).
 2. Wall time of `ocr_reward` on a GRPO step's worth of table completions: 24 references of ~1,900
@@ -24,12 +24,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from grpo.rewards import OcrReward, score, teds
-from grpo.rewards.normalize import normalize_formula, normalize_table_html, normalize_text
-from grpo.rewards.trl_reward import default_workers
-from grpo.rewards.table import parse_table
-from grpo.rewards.teds import parse_tree
-from grpo.rewards.teds_apted import teds_apted
+from ocr_rewards import OcrReward, score, teds
+from ocr_rewards.normalize import normalize_formula, normalize_table_html, normalize_text
+from ocr_rewards.trl_reward import default_workers
+from ocr_rewards.table import parse_table
+from ocr_rewards.teds import parse_tree
+from ocr_rewards.teds_apted import teds_apted
 
 SIZES = [(10, 5), (30, 8), (60, 10), (100, 10)]
 WORDS = ["total", "mean", "n", "p", "value", "ratio", "group", "control", "dose", "week", "age", "SD"]

@@ -41,7 +41,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from grpo.data.pool import load_pool
+    from grpo.pool import load_pool
     from grpo.checkpoint import load_checkpoint, tokenizer_of
     from grpo.decoding.batched import BatchDecoder
     from grpo.decoding.kv_session import stop_token_ids

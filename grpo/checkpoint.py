@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 MASK_TOKEN = "<|mask|>"
 BD_FILE = "block_diffusion.json"
-TINY_MODEL = Path(__file__).resolve().parent / "data" / "tiny" / "model"
+TINY_MODEL = Path(__file__).resolve().parents[1] / "data" / "tiny" / "model"  # in the checkout (docs/spec.md)
 VLM_MODEL_TYPES = ("glm_ocr",)
 
 

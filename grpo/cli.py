@@ -3,9 +3,9 @@
 Each command module exposes `HELP` (one line), `add_arguments(parser)` and `run(args) -> int`.
 Command modules import heavy libraries (torch, vLLM) inside `run`, so `--help` stays fast.
 
-`main` is the one boundary between people and the library: a `grpo.errors.UserError` from any command
-becomes one `error: ...` line on stderr and exit code 2 (its traceback only with `-v`, which goes before or
-after the subcommand). Argparse's own usage errors exit 2 as well.
+`main` is the one boundary between people and the library (`ocr_rewards.cli.boundary`): a `UserError` from any
+command becomes one `error: ...` line on stderr and exit code 2 (its traceback only with `-v`, which goes before
+or after the subcommand), Ctrl-C exit 130, a crash exit 3. Argparse's own usage errors exit 2 as well.
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import logging
 import sys
 
 import grpo
-from grpo.errors import UserError
+from ocr_rewards.cli import USER_ERROR_EXIT, boundary
 
-USER_ERROR_EXIT = 2  # the exit code of a user mistake, as argparse's usage errors
+__all__ = ["USER_ERROR_EXIT", "build_parser", "main"]
 
 # subcommand name -> module under grpo.commands (the only list of subcommands)
 COMMANDS = {
@@ -67,18 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(argv).parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
-    try:
-        return args.run(args) or 0
-    except UserError as err:
-        import traceback
-
-        from grpo.console import print_error
-
-        if args.verbose:
-            traceback.print_exc()
-        first, newline, rest = str(err).partition("\n")  # the hint ends the first line, before any row list
-        print_error(f"{first}{flag_hint(args.parser, err.setting)}{newline}{rest}")
-        return USER_ERROR_EXIT
+    return boundary(lambda: args.run(args), args.verbose, lambda err: flag_hint(args.parser, err.setting))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
-"""The user errors of the package (defined in `grpo.rewards.errors`, below both `rewards` and `grpo`).
+"""The user errors of the package (defined in `ocr_rewards.errors`, below both `rewards` and `grpo`).
 
 Raise a `UserError` subclass for anything the user asked that cannot run; `grpo.cli.main` prints its one
 line and exits 2.
 """
-from grpo.rewards.errors import MissingFileError, UserError
+from ocr_rewards.errors import MissingFileError, UserError
 
 __all__ = ["MissingFileError", "UserError"]

@@ -20,9 +20,9 @@ def engine(text_ckpt):
     in a process where numba has already compiled the TEDS kernel. One per module: tests may sync new
     weights into it. The rendezvous variables vLLM writes into the environment go with it (a later
     `TrainingArguments` would take the process for a rank of a launch)."""
-    from grpo.vllm_engine import make_llm
+    from grpo.rollouts.engine import make_llm
     from helpers_env import RENDEZVOUS
-    from grpo.rewards import teds
+    from ocr_rewards import teds
 
     before = {key: os.environ.get(key) for key in RENDEZVOUS}
     assert teds("<table><tr><td>a</td></tr></table>", "<table><tr><td>b</td></tr></table>") == 1.0

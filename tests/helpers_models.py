@@ -74,7 +74,7 @@ def build_glmocr_checkpoint(out_dir: Path, bd_size: int = 8, seed: int = 0, init
     For vLLM: `head_dim` 32, 64 or 80 (its CPU attention's sizes; 32 or more for CUDA) and
     `temporal_patch_size` 2 (vLLM's GLM-4.1V code sizes images with two frames, as the real GLM-OCR has) and
     `intermediate_size` 192 (vLLM sizes the vision merger's MLP by the text MLP width, HF by 3 x the vision
-    output width, 3 x 64; the real GLM-OCR has both equal, see `grpo.vllm_engine.check_vlm_for_vllm`).
+    output width, 3 x 64; the real GLM-OCR has both equal, see `grpo.rollouts.engine.check_vlm_for_vllm`).
     `head_std` set: the output rows are redrawn with that std and the image tokens' rows are zero, so, as in a
     trained GLM-OCR, the image tokens get almost no probability (logit 0 among logits of std ~8 x head_std)."""
     from transformers import GlmOcrConfig, GlmOcrForConditionalGeneration
@@ -160,7 +160,7 @@ def build_tiny_vlm(root: Path, pool_rows: int = 24, probe_rows: int = 6) -> Path
     (`build_vllm_glmocr`), and `pool/` and `probe/`, rendered crops (data/render.py) of the first rows of the
     built-in splits `tiny` and `tiny-probe`, saved with `save_to_disk`. Rebuild:
     `PYTHONPATH=tests python -c "from helpers_models import build_tiny_vlm; build_tiny_vlm('data/tiny/vlm')"`."""
-    from grpo.data.render import build_image_split
+    from grpo.synthetic.render import build_image_split
 
     root = Path(root)
     build_vllm_glmocr(root / "model")

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from grpo.vllm_engine import free_port
+from grpo.rollouts.engine import free_port
 from helpers_env import child_env
 
 pytestmark = pytest.mark.slow

@@ -173,7 +173,7 @@ def test_weight_on_logs_and_times_the_drafter(steps):
 
 @pytest.mark.slow
 def test_selfspec_still_equals_ar_greedy_after_a_drafter_step(steps):
-    from grpo.data.pool import load_pool
+    from grpo.pool import load_pool
     from grpo.checkpoint import tokenizer_of
     from grpo.decoding.kv_session import stop_token_ids
     from grpo.decoding.selfspec import SelfSpecDecoder, ar_generate
@@ -207,7 +207,7 @@ def test_lora_adapters_get_the_drafter_gradient(tmp_path):
 def test_greedy_targets_of_a_greedy_completion_are_its_own_tokens():
     """On the tiny default: for the verifier's own greedy output, the greedy targets read off the clean stream
     are exactly the sampled targets (the alignment of `greedy_src`), and so are the two losses."""
-    from grpo.data.pool import load_pool
+    from grpo.pool import load_pool
     from grpo.checkpoint import load_checkpoint, tokenizer_of
     from grpo.decoding.kv_session import stop_token_ids
     from grpo.decoding.selfspec import ar_generate
@@ -239,7 +239,7 @@ def test_greedy_targets_of_a_greedy_completion_are_its_own_tokens():
 @pytest.fixture(scope="module")
 def greedy_examples():
     """The tiny default and drafter examples of its greedy outputs on 4 probe prompts (one draw)."""
-    from grpo.data.pool import load_pool
+    from grpo.pool import load_pool
     from grpo.checkpoint import load_checkpoint, tokenizer_of
     from grpo.decoding.kv_session import stop_token_ids
     from grpo.decoding.selfspec import ar_generate

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from grpo.checkpoint import is_vlm_checkpoint
-from grpo.vllm_engine import sync_weights
+from grpo.rollouts.engine import sync_weights
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ skipped without a GPU). Sized for at most 8 minutes on one H200; every engine st
   steps 0, 1, 2; the saved checkpoint reloaded by the self-speculative decoder and by vLLM.
 - Single-process DeepSpeed ZeRO-3 launches (configs/accelerate/zero3.yaml, bf16, gradient checkpointing,
   8-bit AdamW), on the same two models: the run finishes, `tpf` serves its checkpoint.
-- Image runs: rollouts sampled from the scored prompt (grpo.training.vlm_rollouts raises on any difference
+- Image runs: rollouts sampled from the scored prompt (grpo.rollouts.image_prompts raises on any difference
   between the engine's prompt ids and TRL's), encoder cache reset on every sync.
 - Log-prob difference between engine and trainer: <= FP32_MAX where both sides are fp32; where vLLM or the
   trainer run bf16, a bf16 bound (BF16_MEAN, BF16_MAX). Both bf16 bounds are first guesses, not measured on
@@ -86,7 +86,7 @@ def _reload(checkpoint: Path, is_vlm: bool, rows) -> dict:
     """The saved checkpoint is again a joint checkpoint: the TPF decoder and vLLM both load it."""
     from grpo.checkpoint import load_checkpoint
     from grpo.decoding.tpf import measure_tpf
-    from grpo.vllm_engine import make_llm
+    from grpo.rollouts.engine import make_llm
 
     ckpt = load_checkpoint(checkpoint, need_drafter=True)
     assert ckpt.is_vlm == is_vlm
@@ -113,7 +113,7 @@ def _in_process(config_path: Path, overrides: dict):
 
 
 def test_two_grpo_steps_on_cuda_vllm_tiny_default(tmp_path):
-    from grpo.data.pool import load_pool
+    from grpo.pool import load_pool
 
     out = tmp_path / "run"
     _in_process(*_text_config(out))
@@ -123,7 +123,7 @@ def test_two_grpo_steps_on_cuda_vllm_tiny_default(tmp_path):
 
 
 def test_two_grpo_steps_on_cuda_vllm_glm_ocr_with_images(tmp_path):
-    from grpo.data.pool import load_pool
+    from grpo.pool import load_pool
 
     out = tmp_path / "run"
     trainer = _in_process(*_vlm_config(out, tpf_every=1, bf16=False))

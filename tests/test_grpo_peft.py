@@ -22,7 +22,7 @@ def test_lora_grpo_engine_and_probe_use_the_adapted_weights(tmp_path):
     from vllm import SamplingParams
 
     from grpo.checkpoint import load_checkpoint
-    from grpo.training.drift import load_run_policy
+    from grpo.evaluation.drift import load_run_policy
     from grpo.training.config import load_config
     from grpo.decoding.tpf import measure_tpf
     from grpo.training.trainer import run_training

@@ -48,12 +48,12 @@ def vlm(tmp_path_factory):
 
 
 def test_vlm_grpo_with_hf_generation_and_image_probe(vlm):
-    from grpo.data.pool import as_prompts, load_pool
+    from grpo.pool import as_prompts, load_pool
     from grpo.checkpoint import load_checkpoint
     from grpo.training.config import load_config
-    from grpo.training.tpf_probe import TpfProbeCallback
+    from grpo.evaluation.probe import TpfProbeCallback
     from grpo.training.trainer import GravityGRPOTrainer
-    from grpo.rewards import ocr_reward
+    from ocr_rewards import ocr_reward
 
     ckpt_dir, pool_path, root = vlm
     ckpt = load_checkpoint(ckpt_dir, need_drafter=True)
@@ -88,7 +88,7 @@ def test_vlm_grpo_with_hf_generation_and_image_probe(vlm):
 
 def test_vllm_refuses_a_glm_ocr_it_would_load_wrong_with_the_reason(vlm, tmp_path):
     """The tiny model here has a 128-wide text MLP and a 192-wide vision merger: vLLM would size the merger
-    by the first (grpo.vllm_engine.check_vlm_for_vllm). Without torchvision the reason is torchvision."""
+    by the first (grpo.rollouts.engine.check_vlm_for_vllm). Without torchvision the reason is torchvision."""
     import importlib.util
 
     from grpo.training.config import ConfigError, load_config
@@ -132,7 +132,7 @@ def _bos_processor(folder, template_bos: bool, tokenizer_bos: bool):
 ])
 def test_prompt_ids_and_mm_token_type_ids_agree_or_are_refused(tmp_path, template_bos, tokenizer_bos, aligned):
     from grpo.prompting import user_turn
-    from grpo.training.vlm_rollouts import PromptAlignmentError, check_prompt_alignment
+    from grpo.rollouts.image_prompts import PromptAlignmentError, check_prompt_alignment
     from helpers_models import random_image
 
     processor = _bos_processor(tmp_path, template_bos, tokenizer_bos)
@@ -155,7 +155,7 @@ def test_configs_vllm_would_serve_wrong_are_refused_by_name(tmp_path, text, visi
     import json
 
     from grpo.checkpoint import CheckpointError
-    from grpo.vllm_engine import check_vlm_for_vllm
+    from grpo.rollouts.engine import check_vlm_for_vllm
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "glm_ocr", "text_config": text,
                                                       "vision_config": vision}))

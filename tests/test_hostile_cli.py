@@ -47,7 +47,7 @@ def _accepted(capsys, argv: list[str], inputs: tuple[Path, ...] = ()) -> str:
 
 def _shards(folder: Path, n: int = 2, rows: int = 6) -> list[Path]:
     """Finished `mine --shard I/N` outputs of the first `rows` rows of the tiny pool, without a model."""
-    from grpo.data.pool import load_pool
+    from grpo.pool import load_pool
     from grpo.mining.miner import assemble
     from grpo.mining.selection import INDEX, RankRule
     from grpo.mining.store import MiningStore
@@ -178,7 +178,7 @@ def test_score_reads_files_with_a_byte_order_mark(here, capsys):
 
 
 def test_references_have_a_size_cap(here, capsys):
-    from grpo.rewards.scoring import MAX_REF_CHARS
+    from ocr_rewards.scoring import MAX_REF_CHARS
 
     (here / "big.txt").write_text("x" * (MAX_REF_CHARS + 1))
     refused(capsys, ["score", "--task", "text", "--pred-text", "x", "--ref", "big.txt"],
@@ -353,7 +353,7 @@ def hostile_file(name: str, data: bytes):
 @SETTINGS
 @given(HOSTILE_BYTES)
 def test_any_bytes_give_pairs_or_one_user_error(data):
-    from grpo.rewards.regression import read_pairs
+    from ocr_rewards.regression import read_pairs
 
     with hostile_file("pairs.jsonl", data) as path:
         try:
@@ -367,7 +367,7 @@ def test_any_bytes_give_pairs_or_one_user_error(data):
 @SETTINGS
 @given(HOSTILE_BYTES)
 def test_any_bytes_give_a_pool_or_one_user_error(data):
-    from grpo.data.pool import load_pool
+    from grpo.pool import load_pool
 
     with hostile_file("pool.jsonl", data) as path:
         try:

@@ -10,7 +10,7 @@ import pytest
 from helpers_env import child_env
 
 from grpo.mining.miner import MineConfig, merge, mine, parse_shard
-from grpo.mining.sampling import Rollout
+from grpo.rollouts.sampling import Rollout
 from grpo.mining.selection import INDEX, PREFER, STAT_COLUMNS, RankRule, is_dropped, prompt_stats, select
 from grpo.mining.store import MiningError, MiningStore
 
@@ -84,7 +84,7 @@ def test_a_prompt_in_two_part_files_is_an_error(tmp_path):
 # ------------------------------------------------------------------------------------- with vLLM
 
 def _pool(tmp_path, n):
-    from grpo.data.pool import load_pool
+    from grpo.pool import load_pool
 
     path = tmp_path / f"pool{n}.jsonl"
     load_pool("tiny").select(range(n)).to_json(str(path))
@@ -106,7 +106,7 @@ def _records(out):
 def test_mining_writes_statistics(tmp_path, text_ckpt, engine):
     from datasets import load_from_disk
 
-    from grpo.data.pool import load_pool
+    from grpo.pool import load_pool
 
     data = _pool(tmp_path, 12)
     summary = mine(_cfg(text_ckpt, data, tmp_path / "out"), engine)

@@ -22,8 +22,8 @@ def snippet() -> str:
 def test_the_documented_snippet_trains_and_logs_each_completion(tmp_path, monkeypatch):
     import pandas as pd
 
-    from grpo.data.pool import load_pool
-    from grpo.rewards import score
+    from grpo.pool import load_pool
+    from ocr_rewards import score
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").symlink_to(REPO / "data", target_is_directory=True)

@@ -1,9 +1,10 @@
-"""The package's layers (docs/paths.md): `grpo.rewards` imports nothing else of `grpo` (the error base sits
-below both), importing `grpo` loads nothing else, `grpo.__version__` is the distribution's version, and the
-wheel installs `grpo` alone."""
+"""The two distributions: `ocr_rewards` (rewards/) imports nothing of `grpo`, torch, TRL or vLLM (the error base
+sits in it, below both), importing `grpo` loads nothing else, each `__version__` is its distribution's version,
+each wheel installs its one package, and the tree holds no symbolic link."""
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -13,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from grpo import rewards
+import ocr_rewards as rewards
 from helpers_env import child_env
 
 REPO = Path(__file__).resolve().parents[1]
+REWARDS_SRC = REPO / "rewards" / "ocr_rewards"
+RL_STACK = {"grpo", "torch", "trl", "vllm", "transformers", "datasets"}
 
 
 def _absolute_imports(path: Path) -> set[str]:
@@ -39,17 +42,31 @@ def _loaded_after(code: str) -> list[str]:
     return sorted(_grpo_modules(code) - (_grpo_modules("") - {"grpo"}))
 
 
-def test_rewards_source_imports_nothing_from_grpo():
-    for path in sorted((REPO / "rewards").glob("*.py")):
-        outside = {name for name in _absolute_imports(path) if name.split(".")[0] == "grpo"}
-        outside -= {rewards.__name__} | {n for n in outside if n.startswith(rewards.__name__ + ".")}
+def test_rewards_source_imports_nothing_of_the_rl_stack():
+    assert Path(rewards.__file__).parent == REWARDS_SRC
+    for path in sorted(REWARDS_SRC.glob("*.py")):
+        outside = {name for name in _absolute_imports(path) if name.split(".")[0] in RL_STACK}
         assert not outside, f"{path.name} imports {sorted(outside)}"
 
 
-def test_importing_all_of_rewards_loads_no_grpo_module():
-    modules = [f"{rewards.__name__}.{p.stem}" for p in sorted((REPO / "rewards").glob("*.py")) if p.stem != "__init__"]
-    loaded = _loaded_after("\n".join(f"import {m}" for m in modules))
-    assert [m for m in loaded if m != "grpo" and not m.startswith(rewards.__name__)] == []
+def test_importing_all_of_rewards_loads_no_grpo_or_torch():
+    modules = [f"ocr_rewards.{p.stem}" for p in sorted(REWARDS_SRC.glob("*.py")) if p.stem != "__init__"]
+    code = "\n".join(f"import {m}" for m in modules) + "\nimport sys; assert 'torch' not in sys.modules"
+    assert [m for m in _loaded_after(code) if m != "grpo"] == []  # grpo: the torchvision hook's parent
+
+
+def test_no_symbolic_link_in_the_tree():
+    listed = subprocess.run(["git", "ls-files", "-s"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert [line for line in listed.splitlines() if line.startswith("120000")] == []
+
+
+def test_rewards_distribution_needs_no_rl_stack():
+    meta = tomllib.loads((REPO / "rewards" / "pyproject.toml").read_text())
+    needs = {re.split(r"[<>=!~ \[]", dep)[0].lower() for dep in meta["project"]["dependencies"]}
+    assert needs.isdisjoint(RL_STACK) and "numba" in needs
+    assert meta["project"]["scripts"] == {"ocr-rewards": "ocr_rewards.cli:main"}
+    main = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert f"ocr-rewards=={rewards.__version__}" in [dep.split("#")[0].strip() for dep in main]
 
 
 def test_grpo_alone_loads_nothing_and_has_the_version():
@@ -69,21 +86,21 @@ def test_one_user_error_class_for_every_layer():
 
 
 @pytest.mark.slow
-def test_the_wheel_installs_grpo_alone(tmp_path):
-    """No bare `rewards` or `data` module: the wheel's one top-level package is `grpo`, with the folders
-    rewards/ and data/ (the tiny checkpoint included) inside it."""
+@pytest.mark.parametrize("folder, dist, package, inside", [
+    (".", "gravity_grpo", "grpo", ["grpo/pool.py", "grpo/synthetic/world.py", "grpo/rollouts/engine.py"]),
+    ("rewards", "ocr_rewards", "ocr_rewards", ["ocr_rewards/trl_reward.py", "ocr_rewards/cli.py"]),
+])
+def test_each_wheel_installs_its_one_package(tmp_path, folder, dist, package, inside):
     src = tmp_path / "src"
-    for name in ("grpo", "rewards", "data"):
-        shutil.copytree(REPO / name, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / folder / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
-        shutil.copy(REPO / name, src / name)
+        shutil.copy(REPO / folder / name, src / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                     str(tmp_path / "wheel"), str(src)], check=True, capture_output=True, env=child_env())
-    (wheel,) = (tmp_path / "wheel").glob("gravity_grpo-*.whl")
-    import grpo
-
-    assert wheel.name.startswith(f"gravity_grpo-{grpo.__version__}-")
+    (wheel,) = (tmp_path / "wheel").glob(f"{dist}-*.whl")
+    version = __import__(package).__version__
+    assert wheel.name.startswith(f"{dist}-{version}-")
     names = zipfile.ZipFile(wheel).namelist()
-    assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"grpo"}
-    for path in ("grpo/rewards/trl_reward.py", "grpo/data/pool.py", "grpo/data/tiny/model/model.safetensors"):
+    assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {package}
+    for path in inside:
         assert path in names, path

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from grpo.paths import glob_safe, is_glob_safe
-from grpo.vllm_engine import free_port
+from grpo.rollouts.engine import free_port
 from helpers_env import child_env
 
 REPO = Path(__file__).resolve().parents[1]

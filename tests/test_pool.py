@@ -6,7 +6,7 @@ import json
 import pytest
 from PIL import Image
 
-from grpo.data.pool import PoolError, as_prompts, load_pool
+from grpo.pool import PoolError, as_prompts, load_pool
 
 
 def _png(size=(12, 7), color=(200, 10, 10)) -> bytes:

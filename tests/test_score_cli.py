@@ -6,7 +6,7 @@ import json
 import pytest
 
 from grpo.cli import main
-from grpo.rewards import score
+from ocr_rewards import score
 
 PRED = "<table><tr><td>a</td></tr></table>"
 REF = "<table><tr><td>a</td><td>b</td></tr></table>"

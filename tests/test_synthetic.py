@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from grpo.data.render import build_image_split
-from grpo.data.synthetic import (
+from grpo.synthetic.render import build_image_split
+from grpo.synthetic.world import (
     BLOT, GENERATORS, MISLABELS, SPLITS, TASK_PROMPTS, Example, blot, build_split, gen_table, generate,
     wrong_at,
 )
@@ -17,7 +17,7 @@ from grpo.data.synthetic import (
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from grpo.data.tokenizer import build_tokenizer
+    from grpo.synthetic.tokenizer import build_tokenizer
 
     rows = generate("tiny-train", 600)
     return build_tokenizer([t for r in rows for t in (r["prompt"], r["target"])])
@@ -124,7 +124,7 @@ def test_held_out_splits_share_no_true_target_or_prompt_with_training():
     """On the full splits: no true target of the pool or the probe, and no prompt of theirs, is in a training
     split (tiny-train keeps its old buckets, which hashed the blotted crop), nor in each other."""
     train = {name: generate(name) for name in ("tiny-train", "tiny-noisy")}
-    from grpo.data.synthetic import _candidates, _training_keys
+    from grpo.synthetic.world import _candidates, _training_keys
 
     truth = {(e.task_type, e.target) for name in train
              for e, _ in zip(_candidates(SPLITS[name]), range(SPLITS[name].rows))}
@@ -140,7 +140,7 @@ def test_held_out_splits_share_no_true_target_or_prompt_with_training():
 
 
 def test_a_fresh_probe_is_the_probe_recipe_with_another_seed():
-    from grpo.data.synthetic import is_builtin, split_of
+    from grpo.synthetic.world import is_builtin, split_of
 
     assert split_of("tiny-probe@11") == dataclasses.replace(SPLITS["tiny-probe"], seed=11)
     rows = generate("tiny-probe@11")
@@ -213,7 +213,7 @@ def test_blots_hide_content_characters_only(task):
 def test_text_and_formula_blots_hide_whole_words_and_symbols(task):
     import random
 
-    from grpo.data.synthetic import _BLOTS
+    from grpo.synthetic.world import _BLOTS
 
     rng, unit = random.Random(5), _BLOTS[task][1]
     for _ in range(200):

@@ -113,7 +113,7 @@ def test_rows_are_the_per_prompt_records(text_dir, rows):
 
 def test_measure_tpf_scores_outputs_against_targets(text_dir, rows):
     """With score, each output gets the GRPO reward against its target; a target equal to the output scores 1."""
-    from grpo import rewards
+    import ocr_rewards as rewards
     from grpo.decoding.kv_session import stop_token_ids
     from grpo.prompting import encode_prompt
     from grpo.decoding.selfspec import ar_generate

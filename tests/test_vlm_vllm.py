@@ -2,7 +2,7 @@
 
 - the engine's prompt, and its first-token log-probabilities with images, equal HF's, before and after a
   weight sync, and the sync drops the engine's cache of image features;
-- TRL's pre-expanded prompt ids reach the engine with one image expansion (`grpo.training.vlm_rollouts`);
+- TRL's pre-expanded prompt ids reach the engine with one image expansion (`grpo.rollouts.image_prompts`);
 - a short GRPO run samples from the scored prompt (`sampling_logp_difference` small in fp32), and the
   checkpoint it saves reloads with its processor and serves `tpf` and `tpf-drift`.
 Needs the environment of `make setup` (torchvision importable beside torch+cpu).
@@ -34,14 +34,14 @@ def hf():
 
 @pytest.fixture(scope="module")
 def rows():
-    from grpo.data.pool import load_pool
+    from grpo.pool import load_pool
 
     return list(load_pool(str(TINY_VLM / "probe")))[:3]
 
 
 @pytest.fixture(scope="module")
 def llm():
-    from grpo.vllm_engine import make_llm
+    from grpo.rollouts.engine import make_llm
 
     return make_llm(TINY_VLM / "model", max_model_len=256, dtype="float32")
 
@@ -100,7 +100,7 @@ def test_committed_tiny_vlm_is_what_the_builder_makes(tmp_path):
 
 
 def test_engine_image_logprobs_equal_hf_before_and_after_a_sync(llm, hf, rows):
-    from grpo.vllm_engine import sync_weights
+    from grpo.rollouts.engine import sync_weights
 
     before = []
     for row in rows:
@@ -115,7 +115,7 @@ def test_engine_image_logprobs_equal_hf_before_and_after_a_sync(llm, hf, rows):
     try:
         # vLLM's reload_weights empties the worker's store of image features but not the scheduler's record
         # of them: the same images again fail with "Encoder cache miss" unless the sync resets the encoder
-        # cache too (grpo.vllm_engine.reset_caches). TRL's GPU sync (per-tensor load_weights) resets neither.
+        # cache too (grpo.rollouts.engine.reset_caches). TRL's GPU sync (per-tensor load_weights) resets neither.
         sync_weights(llm, moved)
         fresh = [_hf_first_token(moved_ckpt, row)[1] for row in rows]
         for row, top_before, hf_top in zip(rows, before, fresh):
@@ -130,7 +130,7 @@ def test_engine_image_logprobs_equal_hf_before_and_after_a_sync(llm, hf, rows):
 
 def test_trl_prompt_ids_reach_the_engine_with_one_image_expansion(llm, hf, rows):
     from grpo.prompting import encode_prompt
-    from grpo.training.vlm_rollouts import PromptMismatchError, collapse_image_runs, one_expansion
+    from grpo.rollouts.image_prompts import PromptMismatchError, collapse_image_runs, one_expansion
 
     class Generation:
         """The part of TRL's VLLMGeneration.generate that matters here: ids and image go to the engine

@@ -47,7 +47,7 @@ def output_file(value: str | None, flag: str, pool: str, suffix: str | None = No
 
 
 def run(args: argparse.Namespace) -> int:
-    from grpo.data.pool import load_pool
+    from grpo.pool import load_pool
     from grpo.console import console, print_table
     from grpo.errors import UserError
     from grpo.mining.report import PERCENTILES, describe_pool, histogram_png

@@ -78,7 +78,7 @@ def _check_decoding(args: argparse.Namespace, error: type) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from grpo.data.pool import load_pool
+    from grpo.pool import load_pool
     from grpo.checkpoint import load_checkpoint
     from grpo.console import console
     from grpo.decoding.tpf import measure_tpf

@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from grpo.console import console
     from grpo.training.config import ConfigError
-    from grpo.training.drift import remeasure_checkpoints
+    from grpo.evaluation.drift import remeasure_checkpoints
     from grpo.training.run_dir import RunDir
 
     if not args.run_dir.is_dir():

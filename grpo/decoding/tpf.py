@@ -20,13 +20,13 @@ from typing import Any, Collection, Iterable, Mapping
 import torch
 from tqdm.auto import tqdm
 
-from grpo import rewards
+import ocr_rewards as rewards
 from grpo.checkpoint import BlockDiffusionConfig, CheckpointError, tokenizer_of
 from grpo.decoding.batched import BatchARDecoder, BatchDecoder, Sampler
 from grpo.decoding.diffusion import diffusion_generate
 from grpo.decoding.kv_session import stop_token_ids
 from grpo.prompting import encode_prompt
-from grpo.rewards.settings import HELD_OUT, RewardSettings
+from ocr_rewards.settings import HELD_OUT, RewardSettings
 
 MODES = ("selfspec", "diffusion")
 CHUNK_BATCHES = 8  # prompts encoded and decoded together: this many batches' worth
@@ -108,7 +108,7 @@ def decode_rows(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
     `max_new_tokens`), `ar_equal` (None unless compared: `compare_ar` True for every row, or a collection of
     the indices to compare; AR greedy decoded at the same batch size), `reward` and `exact` (None without
     `score`: the task reward of the decoded output against the row's `target`, read with
-    `reward_settings`, default `grpo.rewards.settings.HELD_OUT`), `length_bin`, `wall_s` (the
+    `reward_settings`, default `ocr_rewards.settings.HELD_OUT`), `length_bin`, `wall_s` (the
     row's share of its batch's decode time). The model's train/eval mode is restored afterwards.
     """
     if mode not in MODES:

@@ -134,7 +134,7 @@ def load_start(cfg: JointConfig):
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
     else:
-        from grpo.data.tokenizer import build_tokenizer
+        from grpo.synthetic.tokenizer import build_tokenizer
 
         tokenizer = build_tokenizer()
         model = build_tiny_model(cfg, tokenizer)
@@ -152,11 +152,11 @@ def tokenize_rows(rows, tokenizer, max_target_tokens: int) -> list[tuple[list[in
 
 
 def _training_rows(spec: str):
-    from grpo.data.synthetic import build_split, is_builtin
+    from grpo.synthetic.world import build_split, is_builtin
 
     if is_builtin(spec):
         return build_split(spec)
-    from grpo.data.pool import load_pool
+    from grpo.pool import load_pool
 
     return load_pool(spec)
 

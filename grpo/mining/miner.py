@@ -1,7 +1,7 @@
 """Hard-prompt mining by reward variance (docs/spec.md §8, paper appendix E): the run that ties the parts together.
 
-Each prompt of the pool gets k rollouts from the policy (`grpo.mining.sampling`), scored with
-`grpo.rewards.ocr_reward`. A prompt whose k rewards are all equal gives every rollout zero group advantage, so it
+Each prompt of the pool gets k rollouts from the policy (`grpo.rollouts.sampling`), scored with
+`ocr_rewards.ocr_reward`. A prompt whose k rewards are all equal gives every rollout zero group advantage, so it
 is dropped (also any whose reward std is at most `min_std`); the rest are ranked and the top `keep` are
 written, with their statistics, as a `datasets` folder (`grpo.mining.selection`).
 
@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Literal
 
 from grpo.mining.report import write_report
-from grpo.mining.sampling import HfSampler, VllmSampler
+from grpo.rollouts.sampling import HfSampler, VllmSampler
 from grpo.mining.selection import INDEX, PREFER, STAT_COLUMNS, RankRule, prompt_stats, select
 from grpo.mining.store import (MiningError, MiningStore, atomic_write, check_manifest, check_output, is_empty_folder,
                                pool_fingerprint, set_aside, temporary)
 from grpo.yaml_config import Fields
-from grpo.rewards.settings import RewardFields
+from ocr_rewards.settings import RewardFields
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ def mine(cfg: MineConfig, llm=None) -> dict:
     `llm`: a running vLLM engine of `cfg.model` to sample with (default: start one unless every prompt is
     already mined, or `cfg.hf_generate`).
     """
-    from grpo.data.pool import load_pool
+    from grpo.pool import load_pool
     from grpo.checkpoint import is_vlm_checkpoint, resolve_model
 
     pool_path = Path(cfg.pool)
@@ -166,7 +166,7 @@ def mine(cfg: MineConfig, llm=None) -> dict:
             sampler = HfSampler(model_dir)
         else:
             if llm is None:
-                from grpo.vllm_engine import make_llm
+                from grpo.rollouts.engine import make_llm
 
                 llm = make_llm(model_dir, seed=cfg.seed, max_model_len=cfg.vllm_max_model_length,
                                gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, dtype=cfg.dtype)
@@ -178,7 +178,7 @@ def mine(cfg: MineConfig, llm=None) -> dict:
 def _mine_rows(ds, todo: list[int], sampler, cfg: MineConfig, run: MiningStore, initial: int) -> None:
     from tqdm.auto import tqdm
 
-    from grpo.rewards import OcrReward
+    from ocr_rewards import OcrReward
 
     ocr_reward = OcrReward(cfg.reward_settings)
     with tqdm(total=initial + len(todo), initial=initial, unit="prompt", desc="mining",
@@ -249,7 +249,7 @@ def merge(shard_outs: list[str], out: str, overwrite: bool = False) -> dict:
     """
     from datasets import concatenate_datasets
 
-    from grpo.data.pool import read_dataset_folder
+    from grpo.pool import read_dataset_folder
 
     runs, target = [MiningStore(p) for p in shard_outs], Path(out)
     dones = [r.read_done() for r in runs]

@@ -14,12 +14,8 @@ terms, weight 1, length_scale 1900 = the paper's median mined reference), `hard`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from grpo.mining.sampling import Rollout
-
-INDEX = "pool_index"   # the prompt id: the row's index in the pool as read
+from grpo.rollouts.sampling import INDEX, Rollout
 STAT_COLUMNS = ("reward_mean", "reward_std", "reward_min", "reward_max", "rewards", "completion_tokens_mean",
                 "truncated", "ref_chars", "mine_score")
 # what decides the sampled rollouts: a resumed run must agree on all of these

@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from grpo.errors import UserError
-from grpo.rewards.jsonl import read_lines
+from ocr_rewards.jsonl import read_lines
 from grpo.mining.selection import INDEX
 
 

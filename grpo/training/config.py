@@ -22,7 +22,7 @@ from trl import GRPOConfig, ModelConfig
 
 from grpo.training.drafter_loss import DRAFTER_COMPLETIONS, DRAFTER_TARGETS
 from grpo.yaml_config import ConfigError, Fields, build
-from grpo.rewards.settings import RewardFields
+from ocr_rewards.settings import RewardFields
 
 TPF_FLOOR_ACTIONS = ("warn", "stop")
 COMPARE_AR = ("always", "first", "never", "sample")

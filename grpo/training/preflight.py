@@ -149,7 +149,7 @@ def check_pool(spec: str, is_vlm: bool | None, report: PreflightReport, label: s
                skip_bad: bool = False) -> int | None:
     """Read and validate a prompt pool as training does (every bad row listed by line or index, or left out
     with `skip_bad`); return its row count."""
-    from grpo.data.pool import load_pool
+    from grpo.pool import load_pool
     from grpo.errors import UserError
 
     try:
@@ -228,7 +228,7 @@ def check_engine(cfg: Any, is_vlm: bool | None, on_cpu: bool, report: PreflightR
         return
     if is_vlm:
         from grpo.checkpoint import CheckpointError, resolve_model
-        from grpo.vllm_engine import check_vlm_for_vllm, torchvision_hint
+        from grpo.rollouts.engine import check_vlm_for_vllm, torchvision_hint
 
         if hint := torchvision_hint():
             report.problems.append(f"engine: vLLM cannot load GLM-OCR here{hint}; or set use_vllm: false")

@@ -4,7 +4,7 @@
     OUTPUT/metrics.jsonl        the trainer's log history, one entry per line
     OUTPUT/wall_time.json       seconds per phase and the total
     OUTPUT/reward_curve.png     training reward per task versus step
-    OUTPUT/tpf_drift.jsonl      one line per TPF probe: TPF, held-out reward, ... (`grpo.training.drift`)
+    OUTPUT/tpf_drift.jsonl      one line per TPF probe: TPF, held-out reward, ... (`grpo.evaluation.drift`)
     OUTPUT/tpf_drift.png        TPF and held-out reward versus step
     OUTPUT/probe_rows.jsonl     one line per probe: its per-prompt records (for paired before/after figures)
     OUTPUT/checkpoint-N/        TRL checkpoints, each a joint checkpoint (docs/spec.md §2)
@@ -107,7 +107,7 @@ class RunDir:
     # --- the TPF probe ---
     def write_drift(self, records: list[dict], name: str = DRIFT, title: str | None = None) -> Path:
         """Rewrite `<name>.jsonl` from the probe records and redraw `<name>.png`; return the PNG path."""
-        from grpo.training.plots import plot_drift
+        from grpo.evaluation.plots import plot_drift
 
         self.path.mkdir(parents=True, exist_ok=True)
         _write_jsonl(self.file(f"{name}.jsonl"), records)

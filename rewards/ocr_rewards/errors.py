@@ -1,0 +1,26 @@
+"""The one family of errors that mean "the user asked for something that cannot run".
+
+It sits at the bottom of the package: `ocr_rewards`, `grpo.data` and the rest of `grpo` raise these; it imports
+nothing. Library code raises a subclass of `UserError` whose message names the file, row, key or setting
+and the fix; `grpo.cli.main` catches it in one place, prints one `error: ...` line and exits 2. Anything else
+that escapes is a bug and keeps its traceback.
+
+`setting` names the option the fix touches (e.g. `skip_bad`); the CLI turns it into its flag, so library
+messages never name CLI flags.
+
+Example:
+    >>> raise MissingFileError("prompt pool data/x.jsonl: no such file")   # doctest: +SKIP
+"""
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A mistake in what was asked (a file, a row, a config key, a setting); the message says which."""
+
+    def __init__(self, message: str, *, setting: str | None = None):
+        super().__init__(message)
+        self.setting = setting
+
+
+class MissingFileError(UserError, FileNotFoundError):
+    """A file the user named does not exist (also a `FileNotFoundError`)."""
