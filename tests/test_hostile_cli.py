@@ -83,18 +83,24 @@ def test_merge_refuses_an_input_as_its_output(here, shards, capsys):
     assert not (shards[1] / "merged").exists()
 
 
-def test_merge_refuses_an_existing_dataset_unless_overwrite(here, shards, capsys):
+def test_merge_replaces_only_its_own_output_and_only_with_overwrite(here, shards, capsys):
     from datasets import Dataset, load_from_disk
 
     s0, s1 = map(str, shards)
     Dataset.from_dict({"prompt": ["mine"], "target": ["t"], "task_type": ["text"]}).save_to_disk("mypool")
-    refused(capsys, ["mine-merge", s0, s1, "--out", "mypool"], "output mypool exists and is not empty",
-             "(flag --overwrite)", inputs=(here,))
+    (here / "notes").mkdir()
+    (here / "notes" / "todo.txt").write_text("my notes")
+    for folder in ("mypool", "notes"):
+        for extra in ([], ["--overwrite"]):
+            refused(capsys, ["mine-merge", s0, s1, "--out", folder, *extra],
+                    f"output {folder} is not empty and holds no mining output", "(flag --out)", inputs=(here,))
     assert load_from_disk("mypool")["prompt"] == ["mine"]
-    _accepted(capsys, ["mine-merge", s0, s1, "--out", "fresh"], inputs=tuple(shards))
-    _accepted(capsys, ["mine-merge", s0, s1, "--out", "mypool", "--overwrite"], inputs=tuple(shards))
-    assert load_from_disk("mypool")["pool_index"] == load_from_disk("fresh")["pool_index"]
-    assert sorted(load_from_disk("mypool")["pool_index"]) == list(range(6))
+    _accepted(capsys, ["mine-merge", s0, s1, "--out", "merged"], inputs=tuple(shards))
+    refused(capsys, ["mine-merge", s0, s1, "--out", "merged"], "output merged exists and is not empty",
+            "(flag --overwrite)", inputs=(here,))
+    before = load_from_disk("merged")["pool_index"]
+    _accepted(capsys, ["mine-merge", s0, s1, "--out", "merged", "--overwrite"], inputs=tuple(shards))
+    assert load_from_disk("merged")["pool_index"] == before and sorted(before) == list(range(6))
     assert not [p for p in here.iterdir() if p.name.startswith(".")]  # no temporary folder left behind
 
 
@@ -131,7 +137,7 @@ def test_merge_names_the_damaged_file(here, shards, capsys, damage):
 
 
 def test_a_failed_rebuild_puts_the_old_folder_back(here):
-    from grpo.mining.store import set_aside
+    from grpo.outputs import set_aside
 
     old = here / "out"
     old.mkdir()
@@ -261,10 +267,10 @@ def test_a_byte_order_mark_is_accepted(here, capsys):
 def test_pool_stats_writes_only_where_asked(here, capsys):
     pool = _lines(here / "pool.jsonl", [GOOD_ROW])
     for png, culprit in (("", "--png '': give a file path"), ("lengths.jpg", "must end in .png"),
-                         ("no/such/dir/l.png", "the folder no/such/dir does not exist (pool-stats creates none)"),
+                         ("no/such/dir/l.png", "the folder no/such/dir does not exist (none is created)"),
                          (str(here), "is a folder")):
         refused(capsys, ["pool-stats", str(pool), "--png", png], culprit, inputs=(here,))
-    refused(capsys, ["pool-stats", str(pool), "--json", str(pool)], "would write over or into the pool",
+    refused(capsys, ["pool-stats", str(pool), "--json", str(pool)], f"--json {pool} is the input {pool}",
              inputs=(pool,))
     assert sorted(p.name for p in here.iterdir()) == ["pool.jsonl"]
     _accepted(capsys, ["pool-stats", str(pool), "--png", "l.png", "--json", "s.json"], inputs=(pool,))
@@ -275,10 +281,10 @@ def test_no_writer_replaces_a_special_file(here, capsys):
     import os
     import stat
 
-    from grpo.mining.store import atomic_write
+    from grpo.outputs import atomic_write
 
     os.mkfifo(here / "pipe.json")
-    refused(capsys, ["pool-stats", "tiny-probe", "--json", "pipe.json"], "--json pipe.json: exists and is not a "
+    refused(capsys, ["pool-stats", "tiny-probe", "--json", "pipe.json"], "--json pipe.json exists and is not a "
              "regular file")
     with pytest.raises(UserError, match="is not a regular file; refusing to replace it"):
         atomic_write(here / "pipe.json", "{}")

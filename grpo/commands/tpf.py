@@ -5,6 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
+STAMP = "gravity-grpo tpf"  # in each file it writes (grpo.outputs)
 HELP = "measure the drafter's tokens per forward (self-speculative or direct diffusion) on a prompt pool"
 
 
@@ -34,7 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tau", type=float, default=0.9, help="confidence threshold of --mode diffusion")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="model dtype")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    parser.add_argument("--out", type=Path, default=None, help="write the statistics as JSON here")
+    parser.add_argument("--out", type=Path, default=None, help="write the statistics as JSON here (its folder "
+                                                               "must exist)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an --out file of an earlier tpf run")
 
 
 def _table(stats: dict):
@@ -84,10 +87,12 @@ def run(args: argparse.Namespace) -> int:
     from grpo.decoding.tpf import measure_tpf
     from grpo.errors import UserError
     from grpo.hardware import on_cpu
+    from grpo.outputs import atomic_write, output_file
 
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit must be >= 1, got {args.limit}")
     _check_decoding(args, UserError)
+    out = output_file(args.out, "--out", stamp=STAMP, inputs=[args.pool, args.model], overwrite=args.overwrite)
     ckpt = load_checkpoint(args.model, need_drafter=True, dtype=getattr(torch, args.dtype))
     pool = load_pool(args.pool, skip_bad=args.skip_bad)
     ckpt.model.to(args.device or ("cpu" if on_cpu() else "cuda"))
@@ -97,13 +102,12 @@ def run(args: argparse.Namespace) -> int:
                         max_new_tokens=args.max_new_tokens, compare_ar=args.compare_ar, mode=args.mode,
                         tau=args.tau, score=args.score, batch_size=args.batch_size, temperature=args.temperature,
                         samples=args.samples, seed=args.seed)
-    stats.update(model=str(ckpt.path), pool=args.pool)
+    stats = {"written_by": STAMP, **stats, "model": str(ckpt.path), "pool": args.pool}
     console.print(_table(stats))
     console.print(f"decode wall time {stats['wall_s']:.2f} s at batch size {args.batch_size}", markup=False)
     if stats["truncated"]:
         console.print(f"{stats['truncated']} output(s) reached --max-new-tokens {args.max_new_tokens}", markup=False)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(stats, indent=2) + "\n")
-        console.print(f"wrote {args.out}", markup=False)
+    if out is not None:
+        atomic_write(out, json.dumps(stats, indent=2) + "\n")
+        console.print(f"wrote {out}", markup=False)
     return 0
