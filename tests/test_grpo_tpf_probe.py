@@ -9,7 +9,8 @@ import pytest
 from transformers import TrainerControl
 
 from grpo.training.config import load_config
-from grpo.evaluation.drift import drift_records, held_out_change, paired_interval, probe_metrics
+from grpo.evaluation.drift import drift_records, held_out_change, probe_metrics
+from grpo.evaluation.stats import paired_interval
 from grpo.training.run_dir import DRIFT_JSONL, DRIFT_PNG, RunDir
 from grpo.evaluation.probe import TpfProbeCallback
 

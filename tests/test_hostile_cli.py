@@ -49,7 +49,8 @@ def _shards(folder: Path, n: int = 2, rows: int = 6) -> list[Path]:
     """Finished `mine --shard I/N` outputs of the first `rows` rows of the tiny pool, without a model."""
     from grpo.pool import load_pool
     from grpo.mining.miner import assemble
-    from grpo.mining.selection import INDEX, RankRule
+    from grpo.mining.selection import RankRule
+    from grpo.rollouts.sampling import INDEX
     from grpo.mining.store import MiningStore
 
     pool = load_pool("tiny", index_column=INDEX).select(range(rows))

@@ -83,14 +83,14 @@ def run(args: argparse.Namespace) -> int:
     from grpo.console import console
     from grpo.decoding.tpf import measure_tpf
     from grpo.errors import UserError
-    from grpo.hardware import on_cpu
+    from grpo.hardware import torch_device
 
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit must be >= 1, got {args.limit}")
     _check_decoding(args, UserError)
     ckpt = load_checkpoint(args.model, need_drafter=True, dtype=getattr(torch, args.dtype))
     pool = load_pool(args.pool, skip_bad=args.skip_bad)
-    ckpt.model.to(args.device or ("cpu" if on_cpu() else "cuda"))
+    ckpt.model.to(args.device or torch_device())
     if args.limit is not None:
         pool = pool.select(range(min(args.limit, len(pool))))
     stats = measure_tpf(ckpt.model, ckpt.processor, pool, ckpt.bd, is_vlm=ckpt.is_vlm, bd_size=args.bd_size,

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Literal
 
 from grpo.mining.report import write_report
-from grpo.rollouts.sampling import HfSampler, VllmSampler
-from grpo.mining.selection import INDEX, PREFER, STAT_COLUMNS, RankRule, prompt_stats, select
+from grpo.rollouts.sampling import INDEX, HfSampler, VllmSampler
+from grpo.mining.selection import PREFER, STAT_COLUMNS, RankRule, prompt_stats, select
 from grpo.mining.store import (MiningError, MiningStore, atomic_write, check_manifest, check_output, is_empty_folder,
                                pool_fingerprint, set_aside, temporary)
 from grpo.yaml_config import Fields

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from grpo.errors import UserError
 from ocr_rewards.jsonl import read_lines
-from grpo.mining.selection import INDEX
+from grpo.rollouts.sampling import INDEX
 
 
 class MiningError(UserError, ValueError):

@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -147,7 +148,7 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
         if self.tpf_floor is not None:
             if not 0 < self.tpf_floor < 1:
                 raise ConfigError(f"tpf_floor is a relative drop in (0, 1), e.g. 0.1 for 10%; got {self.tpf_floor}")
-            if self.tpf_every == 0:
+            if not self.probe_on:
                 raise ConfigError("tpf_floor needs the TPF probe: set tpf_every > 0, or remove tpf_floor")
         if self.tpf_floor_action == "stop" and self.tpf_floor is None:
             raise ConfigError("tpf_floor_action 'stop' needs tpf_floor (e.g. 0.1)")
@@ -172,11 +173,24 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
         return needs_drafter(self.tpf_every, self.drafter_loss_weight, self.rollout_decoder)
 
     @property
-    def on_cpu(self) -> bool:
-        """Whether this run trains on CPU here (`grpo.hardware.on_cpu`)."""
-        from grpo.hardware import on_cpu
+    def torch_on_cpu(self) -> bool:
+        """Whether this run trains on CPU here (`grpo.hardware.torch_on_cpu`)."""
+        from grpo.hardware import torch_on_cpu
 
-        return on_cpu(self.use_cpu)
+        return torch_on_cpu(self.use_cpu)
+
+    @property
+    def probe_on(self) -> bool:
+        """Whether the run has the TPF probe (`tpf_every` > 0)."""
+        return self.tpf_every > 0
+
+    def probe_due(self, step: int, max_steps: int) -> bool:
+        """Whether the probe runs at `step` of `max_steps`: step 0, every `tpf_every` steps, and the last."""
+        return self.probe_on and (step % self.tpf_every == 0 or step >= max_steps)
+
+    def probe_count(self, max_steps: int) -> int:
+        """How many probes a run of `max_steps` steps makes (`probe_due`)."""
+        return sum(self.probe_due(step, max_steps) for step in range(max_steps + 1))
 
     def compares_ar_at(self, step: int) -> bool:
         """Whether the TPF probe at `step` also decodes AR greedy (`tpf_compare_ar`; 'sample': some prompts)."""
@@ -199,6 +213,12 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
         from trl import get_peft_config
 
         return get_peft_config(self.model_args)
+
+
+def field_default(name: str) -> Any:
+    """The default of the config field `name`: what a run whose `run_config.json` lacks it used."""
+    f = {f.name: f for f in dataclasses.fields(GravityGRPOConfig)}[name]
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
 
 
 def needs_drafter(tpf_every: int, drafter_loss_weight: float, rollout_decoder: str = "hf") -> bool:

