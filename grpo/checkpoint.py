@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from grpo.errors import UserError
+from ocr_rewards.jsonl import read_json_object
 
 logger = logging.getLogger(__name__)
 
@@ -62,12 +63,7 @@ class BlockDiffusionConfig:
             raise CheckpointError(
                 f"{path} is missing: this checkpoint has no block-diffusion drafter. Make a joint checkpoint with "
                 f"grpo.checkpoint.add_mask_token + save_joint_checkpoint (or `gravity-grpo joint`).")
-        try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise CheckpointError(f"{path}: not valid JSON ({err})") from err
-        if not isinstance(raw, dict):
-            raise CheckpointError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+        raw = read_json_object(path, CheckpointError)
         known = {f.name for f in dataclasses.fields(cls)}
         for key in ("bd_size", "mask_id"):
             if key not in raw:
@@ -103,12 +99,7 @@ def resolve_model(spec: str | Path) -> Path:
     if not (path / "config.json").is_file():
         hint = " (the tiny default is built by the joint-training stage)" if str(spec) == "tiny" else ""
         raise CheckpointError(f"model {spec!r}: no Hugging Face checkpoint at {path} (config.json missing){hint}")
-    try:  # issue 17: a damaged config.json is named here, before any loader reads it
-        config = json.loads((path / "config.json").read_bytes())
-    except (OSError, ValueError) as err:
-        raise CheckpointError(f"{path / 'config.json'}: not valid JSON ({err})") from None
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{path / 'config.json'}: expected a JSON object, got {type(config).__name__}")
+    read_json_object(path / "config.json", CheckpointError)  # a damaged one is named before any loader reads it
     return path
 
 

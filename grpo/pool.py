@@ -21,13 +21,12 @@ from __future__ import annotations
 import base64
 import glob
 import io
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from grpo.errors import MissingFileError, UserError
-from ocr_rewards.jsonl import read_lines
+from ocr_rewards.jsonl import read_json_object, read_lines
 from ocr_rewards.scoring import check_reference, task_problem
 
 log = logging.getLogger(__name__)
@@ -182,12 +181,7 @@ def read_dataset_folder(path: Path, what: str, expected: str = FORMATS):
                         f"dataset; expected {expected}")
     for marker in markers:
         if marker.is_file():
-            try:
-                value = json.loads(marker.read_bytes())
-            except ValueError as err:
-                raise UserError(f"{what}: {marker} is damaged (not JSON: {err})") from None
-            if not isinstance(value, dict):
-                raise UserError(f"{what}: {marker} is damaged (not a JSON object)")
+            read_json_object(marker, PoolError)
     # datasets writes the cache files of later transforms (select, map, flatten) beside the arrow files it
     # read: into the user's folder. Without its cache they go to a temporary folder, removed at exit.
     disable_caching()
