@@ -162,6 +162,7 @@ def check_checkpoint(spec: str, need_drafter: bool, report: PreflightReport) -> 
 
     from grpo.checkpoint import (BD_FILE, BlockDiffusionConfig, CheckpointError, _load_processor, check_mask_id,
                                  is_vlm, resolve_model)
+    from grpo.prompting import handles_images
 
     try:
         path = resolve_model(spec)
@@ -175,7 +176,7 @@ def check_checkpoint(spec: str, need_drafter: bool, report: PreflightReport) -> 
     except (CheckpointError, OSError, ValueError) as err:
         report.problems.append(f"model: {err}")
         return vlm
-    if vlm and not hasattr(processor, "image_processor"):
+    if vlm and not handles_images(processor):
         report.problems.append(f"model {path}: no GLM-OCR processor (processor_config.json or "
                                "preprocessor_config.json missing?); "
                                "GRPO on images needs it")

@@ -29,6 +29,7 @@ from typing import Any
 
 from trl import GRPOTrainer
 
+from grpo.checkpoint import is_vlm
 from grpo.hardware import vllm_on_cpu
 from grpo.training import drafter_loss as dl
 from grpo.training.config import GravityGRPOConfig
@@ -120,7 +121,7 @@ class GravityGRPOTrainer(GRPOTrainer):
         if self.use_vllm and self.vllm_mode == "colocate" and cpu:
             # The one override: TRL calls `vllm_generation.sync_weights()` before generating with new weights.
             self.vllm_generation.sync_weights = self.sync_engine_weights
-        if self.use_vllm and self.vllm_mode == "colocate" and self._is_vlm:
+        if self.use_vllm and self.vllm_mode == "colocate" and is_vlm(self.model.config):
             from grpo.rollouts import image_prompts as vlm_rollouts
 
             # one image expansion in the engine's prompts; image features recomputed after each sync
