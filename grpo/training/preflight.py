@@ -64,7 +64,7 @@ def read_accelerate_config(path: str | Path | None) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"accelerate config {path} does not exist")
-    try:  # issue 17: a damaged or non-mapping file is a ConfigError naming it
+    try:  # a damaged or non-mapping file is a ConfigError naming it
         text = path.read_text(encoding="utf-8-sig")
         raw = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
     except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as err:
