@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from grpo.decoding.tpf import tpf_of
-from grpo.evaluation import compare, stats as compare_stats
+from grpo import compare
+from grpo.evaluation import stats as compare_stats
 from grpo.training.trainer import shuffle_within_groups
 
 

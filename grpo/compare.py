@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from grpo.evaluation import stats as compare_stats
-from grpo.training.run_dir import RunDir
+from grpo.evaluation.run_dir import RunDir
 
 EVAL_FILE, START_FILE, REPORT_FILE, PLOT_FILE = "eval.json", "start.json", "compare.json", "compare.png"
 TRAINED_FILE = "wall_time.json"  # the trainer writes it once training has finished
