@@ -88,7 +88,7 @@ def test_one_user_error_class_for_every_layer():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("folder, dist, package, inside", [
-    (".", "gravity_grpo", "grpo", ["grpo/pool.py", "grpo/synthetic/world.py", "grpo/rollouts/engine.py"]),
+    (".", "gravity_grpo", "grpo", ["grpo/pool.py", "grpo/synthetic/splits.py", "grpo/rollouts/engine.py"]),
     ("rewards", "ocr_rewards", "ocr_rewards", ["ocr_rewards/trl_reward.py", "ocr_rewards/cli.py"]),
 ])
 def test_each_wheel_installs_its_one_package(tmp_path, folder, dist, package, inside):
