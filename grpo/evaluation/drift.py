@@ -92,38 +92,22 @@ def run_dtype(config: dict):
     return torch.bfloat16 if config.get("bf16") else torch.float16 if config.get("fp16") else torch.float32
 
 
-def load_run_policy(folder: str | Path, base: str | None, dtype=None):
-    """A saved checkpoint of a run as a joint checkpoint (fp32 unless `dtype`); LoRA checkpoints are merged
-    into `base`."""
-    import torch
-
-    from grpo.checkpoint import CheckpointError, load_checkpoint
-
-    folder = Path(folder)
-    dtype = dtype or torch.float32
-    if not (folder / "adapter_config.json").is_file():
-        return load_checkpoint(folder, need_drafter=True, dtype=dtype)
-    if base is None:
-        raise CheckpointError(f"{folder} holds LoRA adapters, and the run names no base model (no run_config.json)")
-    from peft import PeftModel
-
-    ckpt = load_checkpoint(base, need_drafter=True, dtype=dtype)
-    ckpt.model = PeftModel.from_pretrained(ckpt.model, folder).merge_and_unload().eval()
-    return ckpt
-
-
 def remeasure_checkpoints(run: RunDir, *, probe_set: str | None = None, probe_size: int | None = None,
                           max_new_tokens: int | None = None, include_initial: bool = True,
-                          on_checkpoint: Callable[[int, Path], None] = lambda step, folder: None) -> list[dict]:
+                          on_checkpoint: Callable[[int, Any], None] = lambda step, source: None) -> list[dict]:
     """TPF and held-out reward of every saved checkpoint of `run` (and of its starting model), as drift records.
 
     The probe settings default to the run's own (`run_config.json`), and so does the dtype: a bf16 run is
     re-measured in bf16, comparable with its live probe. Every prompt is compared with AR greedy, and TPF at
     the run's `temperature` is measured beside greedy. Records carry the training reward of their step from the
-    run's metrics, as the live probe's do.
+    run's metrics, as the live probe's do. Checkpoints are loaded as every command loads them
+    (`grpo.checkpoint.load_checkpoint`: LoRA adapters merged into the base their config names) and decoded on
+    the GPU when there is one; `on_checkpoint(step, source)` hears of each (`source.describe()`).
     """
-    from grpo.pool import load_pool
+    from grpo.checkpoint import load_checkpoint
     from grpo.decoding.tpf import measure_tpf
+    from grpo.hardware import on_cpu
+    from grpo.pool import load_pool
     from grpo.training.config import ConfigError
 
     config = run.read_config()
@@ -145,8 +129,9 @@ def remeasure_checkpoints(run: RunDir, *, probe_set: str | None = None, probe_si
     entries = [{"step": e["step"], "reward": e["reward"]} for e in history if "reward" in e]
     batch = config.get("tpf_batch_size", 1)
     for step, folder in points:
-        on_checkpoint(step, Path(folder))
-        ckpt = load_run_policy(folder, config.get("model"), run_dtype(config))
+        ckpt = load_checkpoint(folder, need_drafter=True, dtype=run_dtype(config))  # LoRA: merged into its base
+        on_checkpoint(step, ckpt.source)
+        ckpt.model.to("cpu" if on_cpu() else "cuda")
         common = dict(is_vlm=ckpt.is_vlm, max_new_tokens=max_new, batch_size=batch, progress=False)
         stats = measure_tpf(ckpt.model, ckpt.processor, rows, ckpt.bd, compare_ar=True, score=True, **common)
         sampled = None
