@@ -11,8 +11,9 @@ import json
 import os
 from pathlib import Path
 
-from grpo.mining.selection import INDEX, is_dropped
+from grpo.mining.selection import is_dropped
 from grpo.outputs import atomic_write, temporary_file
+from grpo.rollouts.sampling import INDEX
 
 PERCENTILES = (10, 25, 50, 75, 90, 99)
 BINS = 20

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from grpo.errors import UserError
 from grpo.outputs import atomic_write
-from ocr_rewards.jsonl import read_lines
-from grpo.mining.selection import INDEX
+from ocr_rewards.jsonl import read_json_object, read_lines
+from grpo.rollouts.sampling import INDEX
 
 
 class MiningError(UserError, ValueError):
@@ -81,13 +81,7 @@ class MiningStore:
 
 def read_json(path: Path) -> dict:
     """A JSON object file of a run; a `MiningError` naming it when it is not one."""
-    try:
-        value = json.loads(path.read_bytes())
-    except (OSError, ValueError) as err:
-        raise MiningError(f"{path} is damaged ({err})") from None
-    if not isinstance(value, dict):
-        raise MiningError(f"{path} is damaged (not a JSON object)")
-    return value
+    return read_json_object(path, MiningError)
 
 
 def is_empty_folder(path: Path) -> bool:

@@ -29,8 +29,8 @@ TIMEOUT_S = 10.0  # per completion in a batch; a 100x10 table scores in well und
 class RewardSettings:
     """The reading of the reward (`gate`, `table_bonus`) and its bounds (`max_pred_chars`, `timeout_s`)."""
 
-    gate: str = GATES[0]                 # degeneration gate (rewards.gate): relative to the reference's
-    table_bonus: str = TABLE_BONUS[0]    # the table shape bonus inside the clip, as published (rewards.table)
+    gate: str = "relative"               # degeneration gate (ocr_rewards.gate): relative to the reference's
+    table_bonus: str = "clipped"         # the table shape bonus inside the clip, as published (ocr_rewards.table)
     max_pred_chars: int = MAX_PRED_CHARS  # longer predictions score 0 unparsed
     timeout_s: float = TIMEOUT_S         # per completion in a batch (rewards.trl_reward)
 
