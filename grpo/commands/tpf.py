@@ -67,6 +67,11 @@ def _table(stats: dict):
 
 def _check_decoding(args: argparse.Namespace, error: type) -> None:
     """Refuse decoding flags that contradict each other, naming the flag."""
+    for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--bd-size", args.bd_size)):
+        if value is not None and value < 1:
+            raise error(f"{flag} must be >= 1, got {value}")
+    if not 0 <= args.tau <= 1:
+        raise error(f"--tau is a confidence threshold in [0, 1], got {args.tau}")
     if args.batch_size < 1 or args.samples < 1:
         raise error(f"--batch-size and --samples must be >= 1, got {args.batch_size} and {args.samples}")
     if args.temperature < 0:
@@ -79,6 +84,25 @@ def _check_decoding(args: argparse.Namespace, error: type) -> None:
         raise error("--mode diffusion decodes greedily at batch 1: leave --batch-size and --temperature out")
 
 
+def _check_sizes(args: argparse.Namespace, ckpt, pool) -> None:
+    """Refuse an output cap or block size the model cannot decode, and rows that do not fit in its positions."""
+    from grpo.checkpoint import context_length
+    from grpo.errors import UserError
+    from grpo.prompting import rows_over_context
+
+    positions = context_length(ckpt.model.config)
+    if positions is not None and args.max_new_tokens >= positions:
+        raise UserError(f"--max-new-tokens {args.max_new_tokens}: the model has {positions} positions in all")
+    size = args.bd_size or ckpt.bd.bd_size
+    if size > args.max_new_tokens:
+        raise UserError(f"--bd-size {size}: a draft block longer than --max-new-tokens {args.max_new_tokens} "
+                        "drafts tokens that can never be kept")
+    over = rows_over_context(ckpt.processor, pool, ckpt.is_vlm, positions, args.max_new_tokens)
+    if over:
+        raise UserError(f"prompt pool {args.pool}: {len(over)} row(s) longer than the model's context with "
+                        f"--max-new-tokens {args.max_new_tokens}: {'; '.join(over[:5])}")
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -87,19 +111,21 @@ def run(args: argparse.Namespace) -> int:
     from grpo.console import console
     from grpo.decoding.tpf import measure_tpf
     from grpo.errors import UserError
-    from grpo.hardware import torch_device
+    from grpo.hardware import torch_device, torch_device_named
     from grpo.outputs import atomic_write, output_file
 
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit must be >= 1, got {args.limit}")
     _check_decoding(args, UserError)
+    device = torch_device_named(args.device) if args.device is not None else torch_device()
     out = output_file(args.out, "--out", stamp=STAMP, inputs=[args.pool, args.model], overwrite=args.overwrite)
     ckpt = load_checkpoint(args.model, need_drafter=True, dtype=getattr(torch, args.dtype))
     console.print(f"model: {ckpt.source.describe()}", markup=False)
     pool = load_pool(args.pool, skip_bad=args.skip_bad)
-    ckpt.model.to(args.device or torch_device())
     if args.limit is not None:
         pool = pool.select(range(min(args.limit, len(pool))))
+    _check_sizes(args, ckpt, pool)
+    ckpt.model.to(device)
     stats = measure_tpf(ckpt.model, ckpt.processor, pool, ckpt.bd, is_vlm=ckpt.is_vlm, bd_size=args.bd_size,
                         max_new_tokens=args.max_new_tokens, compare_ar=args.compare_ar, mode=args.mode,
                         tau=args.tau, score=args.score, batch_size=args.batch_size, temperature=args.temperature,
