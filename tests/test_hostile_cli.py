@@ -423,6 +423,29 @@ def test_pool_stats_replaces_only_its_own_files(here, capsys):
     _accepted(capsys, ["pool-stats", str(pool), "--json", "s.json", "--png", "s.png", "--overwrite"], inputs=(pool,))
 
 
+def test_a_key_given_twice_is_named_with_its_line(here, capsys):
+    (here / "run.yaml").write_text("learning_rate: 1.0e-4\nbeta: 0.0\nlearning_rate: 5.0\n")
+    refused(capsys, ["train", "--config", "run.yaml", "--dry-run"], "run.yaml: line 3: key 'learning_rate' "
+            "appears twice", inputs=(here,))
+    pool = _lines(here / "pool.jsonl", [GOOD_ROW, '{"prompt": "p", "target": "t", "task_type": "text", '
+                                                  '"task_type": "table"}'])
+    refused(capsys, ["pool-stats", str(pool)], "line 2: key 'task_type' appears twice", inputs=(here,))
+    pairs = _lines(here / "pairs.jsonl", ['{"pred": "a", "ref": "a", "ref": "b", "task": "text"}'])
+    refused(capsys, ["score", "--pairs", str(pairs)], "line 1", "key 'ref' appears twice", inputs=(here,))
+
+
+def test_damaged_run_files_are_named_by_tpf_drift(here, capsys):
+    run = here / "run"
+    run.mkdir()
+    (run / "run_config.json").write_text("{half")
+    refused(capsys, ["tpf-drift", "run"], "run_config.json", inputs=(here,))
+    (run / "run_config.json").write_text('{"model": "tiny", "model": "other"}')
+    refused(capsys, ["tpf-drift", "run"], "key 'model' appears twice", inputs=(here,))
+    (run / "run_config.json").write_text('{"model": "tiny", "probe_set": "tiny-probe"}')
+    (run / "metrics.jsonl").write_text('{"step": 1}\n{half\n')
+    refused(capsys, ["tpf-drift", "run"], "metrics.jsonl is damaged: line 2", inputs=(here,))
+
+
 def test_row_images_that_would_hang_or_explode_are_named(here, capsys):
     import os
     import struct
