@@ -1,7 +1,9 @@
-"""Exact self-speculative sampling: on a model small enough to enumerate every output (vocabulary 5, at most 4
+"""Exact self-speculative sampling: on a model small enough to enumerate every output (vocabulary 5, at most 6
 new tokens), the distribution of 10^5 self-speculative samples is the AR sampling distribution, computed
-exactly from the model's own causal probabilities (chi-square goodness of fit). The same test rejects a
-distribution only slightly off (another temperature), so it has the power to see a wrong acceptance rule."""
+exactly from the model's own causal probabilities (chi-square goodness of fit). Six tokens with blocks of 2
+reach a second verified round and commit bonus tokens (every draft accepted). The same test rejects
+a distribution only slightly off (another temperature) and a decoder whose bonus draw alone is wrong, so it
+has the power to see a wrong acceptance rule or bonus."""
 from __future__ import annotations
 
 import pytest
@@ -11,7 +13,7 @@ from grpo.decoding.batched import BatchARDecoder, BatchDecoder, Sampler
 
 VOCAB, EOS, MASK = 5, 0, 1
 PROMPT = [2, 3, 4, 2]
-MAX_NEW, BD_SIZE, SAMPLES = 4, 2, 100_000
+MAX_NEW, BD_SIZE, SAMPLES = 6, 2, 100_000
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +88,9 @@ def test_selfspec_samples_follow_the_ar_distribution(model, temperature):
     results = sample(BatchDecoder, model, temperature, seed=0, mask_id=MASK, bd_size=BD_SIZE)
     accepted = [a for r in results for a in r.accepted]
     assert 0.2 < sum(accepted) / len(accepted) / BD_SIZE < 0.95  # drafts are both accepted and rejected
+    # whole blocks accepted (a bonus token drawn: `test_the_test_sees_a_wrong_bonus_draw`), and second rounds
+    assert sum(BD_SIZE in r.accepted for r in results) > SAMPLES // 10
+    assert sum(len(r.accepted) >= 2 for r in results) > SAMPLES // 10
     assert chi_square_p(tally(results), exact, SAMPLES) > 1e-3
     # the same test tells a distribution a little off apart: AR's at another temperature
     assert chi_square_p(tally(results), ar_distribution(model, temperature * 1.15), SAMPLES) < 1e-6
@@ -104,3 +109,18 @@ def test_sampling_is_deterministic_for_a_seed(model):
 
     assert run(4) == run(4) and run(4) != run(5)
     assert len({tuple(t) for t in run(4)}) > 5
+
+
+class BrokenBonus(BatchDecoder):
+    """A deliberate bug: after a whole accepted block the bonus token is uniform, not drawn from p_(B+1)."""
+
+    def _accept(self, logits, drafts, q):
+        accepted, nexts = super()._accept(logits, drafts, q)
+        bonus = accepted == self.bd_size
+        uniform = torch.randint(VOCAB, (int(bonus.sum()),), generator=self.sampler.generator)
+        return accepted, nexts.masked_scatter(bonus, uniform)
+
+
+def test_the_test_sees_a_wrong_bonus_draw(model):
+    results = sample(BrokenBonus, model, 1.0, seed=0, mask_id=MASK, bd_size=BD_SIZE)
+    assert chi_square_p(tally(results), ar_distribution(model, 1.0), SAMPLES) < 1e-6
