@@ -2,7 +2,7 @@
 
 A pool is a `datasets` dataset with columns `prompt`, `target`, `task_type` and, for vision-language
 policies, `image`. It can be a `save_to_disk` folder, a `.parquet` file, a `.jsonl` file or a built-in
-synthetic split name (`grpo.synthetic.world.split_of`: `tiny`, `tiny-probe`, a fresh probe `tiny-probe@SEED`,
+synthetic split name (`grpo.synthetic.splits.split_of`: `tiny`, `tiny-probe`, a fresh probe `tiny-probe@SEED`,
 ...). In a jsonl file `image` is a path relative to the file, or `{"bytes": "<base64>"}`, or absent / null
 for text-only pools.
 
@@ -144,8 +144,7 @@ def _read(spec: str):
         if path.suffix == ".parquet":
             return _read_parquet(path, spec), path.parent, [], None
         return _read_jsonl(path)
-    from grpo.synthetic.world import FRESH_PROBE, SPLITS, build_split, is_builtin
-
+    from grpo.synthetic.splits import FRESH_PROBE, SPLITS, build_split, is_builtin
     if is_builtin(spec):
         return build_split(spec), Path.cwd(), [], None
     raise PoolError(spec, f"not found; expected {FORMATS} ({', '.join(SPLITS)}, or {FRESH_PROBE}@SEED)")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from grpo.evaluation.stats import paired_interval
-from grpo.training.run_dir import RunDir
+from grpo.evaluation.run_dir import RunDir
 from ocr_rewards.settings import HELD_OUT, RewardSettings
 
 
@@ -151,29 +151,31 @@ def load_run_policy(folder: str | Path, base: str | None, dtype=None):
     return ckpt
 
 
-def remeasure_checkpoints(run: RunDir, *, probe_set: str | None = None, probe_size: int | None = None,
-                          max_new_tokens: int | None = None, include_initial: bool = True,
+def remeasure_checkpoints(run: RunDir, default: Callable[[str], Any], *, probe_set: str | None = None,
+                          probe_size: int | None = None, max_new_tokens: int | None = None,
+                          include_initial: bool = True,
                           on_checkpoint: Callable[[int, Path], None] = lambda step, folder: None) -> list[dict]:
     """TPF and held-out reward of every saved checkpoint of `run` (and of its starting model), as drift records.
 
-    The probe settings default to the run's own (`run_config.json`), and so does the dtype: a bf16 run is
+    The probe settings default to the run's own (its `run_config.json`; a field it lacks at `default(field)`,
+    the config's default), and so does the dtype: a bf16 run is
     re-measured in bf16, comparable with its live probe. Every prompt is compared with AR greedy, and TPF at
     the run's `temperature` is measured beside greedy. Records carry the training reward of their step from the
     run's metrics, as the live probe's do.
     """
     from grpo.decoding.tpf import tpf_stats
     from grpo.pool import load_pool
-    from grpo.training.config import ConfigError, field_default
+    from grpo.yaml_config import ConfigError
 
     config = run.read_config()
     probe_set = probe_set or config.get("probe_set")
     if probe_set is None:
         raise ConfigError(f"{run.path}: no run_config.json to take the probe set from; name the probe set",
                           setting="probe_set")
-    settings = ProbeSettings.of(lambda name: config.get(name, field_default(name)))
+    settings = ProbeSettings.of(lambda name: config.get(name, default(name)))
     if max_new_tokens:
         settings = dataclasses.replace(settings, max_new_tokens=max_new_tokens)
-    size = probe_size or config.get("probe_size", field_default("probe_size"))
+    size = probe_size or config.get("probe_size", default("probe_size"))
     points = run.checkpoints()
     if include_initial and config.get("model"):
         points.insert(0, (0, config["model"]))

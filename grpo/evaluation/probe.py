@@ -33,7 +33,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from grpo.evaluation.drift import ProbeSettings, drift_records, probe_decode, probe_metrics
-from grpo.training.run_dir import RunDir
+from grpo.evaluation.run_dir import RunDir
 from ocr_rewards.settings import HELD_OUT, RewardSettings
 
 log = logging.getLogger(__name__)

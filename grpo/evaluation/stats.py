@@ -1,4 +1,4 @@
-"""Paired statistics of a multi-seed A/B (`grpo.evaluation.compare`): TPF ratios, reward differences, McNemar.
+"""Paired statistics of a multi-seed A/B (`grpo.compare`): TPF ratios, reward differences, McNemar.
 
 Every arm is evaluated on the same probe prompts with the same seeds, so arm B is compared with the reference
 arm A seed by seed and prompt by prompt. Intervals are percentile bootstraps over both seeds and prompts

@@ -33,7 +33,7 @@ from grpo.checkpoint import is_vlm
 from grpo.hardware import vllm_on_cpu
 from grpo.training import drafter_loss as dl
 from grpo.training.config import GravityGRPOConfig
-from grpo.training.run_dir import DRIFT_PNG, METRICS_JSONL, REWARD_PNG, WALL_TIME, RunDir
+from grpo.evaluation.run_dir import DRIFT_PNG, METRICS_JSONL, REWARD_PNG, WALL_TIME, RunDir
 
 # Phases of the wall-time split, in the order they are reported.
 PHASES = ("generation", "reward", "logprobs", "backward", "drafter", "tpf_probe", "other")
@@ -330,7 +330,7 @@ def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
 
 def run_training(config: GravityGRPOConfig, resume: str | bool | None = None) -> dict[str, Any]:
     """Train (or resume: True for the last checkpoint in `output_dir`, or a checkpoint folder); the main
-    process writes the run folder (`grpo.training.run_dir`). Returns a summary: the trainer, training rewards
+    process writes the run folder (`grpo.evaluation.run_dir`). Returns a summary: the trainer, training rewards
     and probe records by step, the held-out before/after change, the wall-time split, `stopped_at` and the
     files written."""
     from grpo.evaluation.drift import drift_records, held_out_change, reward_points
