@@ -75,16 +75,15 @@ def final_checkpoint(folder: Path) -> Path:
     return Path(points[-1][1])
 
 
-def evaluate(model: str | Path, base: str | None, probe_set: str, probe_size: int, max_new_tokens: int) -> list[dict]:
+def evaluate(model: str | Path, probe_set: str, probe_size: int, max_new_tokens: int) -> list[dict]:
     """Probe rows of one checkpoint: tokens, forwards, reward, AR-equality and the output text, by prompt."""
     from grpo.pool import load_pool
     from grpo.checkpoint import load_checkpoint, tokenizer_of
     from grpo.decoding.tpf import measure_tpf
-    from grpo.evaluation.drift import load_run_policy
 
     rows = load_pool(probe_set)
     rows = rows.select(range(min(probe_size, len(rows))))
-    ckpt = load_run_policy(model, base) if Path(model).is_dir() else load_checkpoint(model, need_drafter=True)
+    ckpt = load_checkpoint(model, need_drafter=True)  # LoRA checkpoints: merged into the base their config names
     stats = measure_tpf(ckpt.model, ckpt.processor, rows, ckpt.bd, is_vlm=ckpt.is_vlm,
                         max_new_tokens=max_new_tokens, compare_ar=True, score=True, progress=False)
     tok = tokenizer_of(ckpt.processor)
@@ -118,8 +117,7 @@ def run_one(arm: Arm, seed: int, out: Path, common: dict, probe: dict, log: Call
             raise RuntimeError(f"{arm.name} seed {seed}: training failed (exit {result.returncode}); see "
                                f"{folder}/train.log")
     log(f"{arm.name} seed {seed}: evaluating the last checkpoint")
-    config = RunDir(folder).read_config()
-    rows = evaluate(final_checkpoint(folder), config.get("model"), **probe)
+    rows = evaluate(final_checkpoint(folder), **probe)
     _write(done, rows)
     return rows
 
@@ -128,7 +126,7 @@ def start_rows(model: str, out: Path, probe: dict) -> list[dict]:
     """The starting model's probe rows (`start.json`, evaluated once)."""
     path = out / probe_named(START_FILE, probe)
     if not path.is_file():
-        _write(path, evaluate(model, None, **probe))
+        _write(path, evaluate(model, **probe))
     return json.loads(path.read_text())
 
 

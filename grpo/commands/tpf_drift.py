@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     records = remeasure_checkpoints(
         run_dir, field_default, probe_set=args.probe_set, probe_size=args.probe_size, max_new_tokens=args.max_new_tokens,
         include_initial=not args.no_initial,
-        on_checkpoint=lambda step, folder: console.print(f"step {step}: {folder}", markup=False))
+        on_checkpoint=lambda step, source: console.print(f"step {step}: {source.describe()}", markup=False))
     for r in records:
         sampled = "-" if r["tpf_sampled"] is None else f"{r['tpf_sampled']:.3f}"
         console.print(f"step {r['step']}: TPF {r['tpf']:.3f} greedy, {sampled} sampled; held-out reward of the "

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 from grpo.evaluation.stats import paired_interval
@@ -131,39 +130,23 @@ def run_dtype(config: dict):
     return torch.bfloat16 if config.get("bf16") else torch.float16 if config.get("fp16") else torch.float32
 
 
-def load_run_policy(folder: str | Path, base: str | None, dtype=None):
-    """A saved checkpoint of a run as a joint checkpoint (fp32 unless `dtype`); LoRA checkpoints are merged
-    into `base`."""
-    import torch
-
-    from grpo.checkpoint import CheckpointError, load_checkpoint
-
-    folder = Path(folder)
-    dtype = dtype or torch.float32
-    if not (folder / "adapter_config.json").is_file():
-        return load_checkpoint(folder, need_drafter=True, dtype=dtype)
-    if base is None:
-        raise CheckpointError(f"{folder} holds LoRA adapters, and the run names no base model (no run_config.json)")
-    from peft import PeftModel
-
-    ckpt = load_checkpoint(base, need_drafter=True, dtype=dtype)
-    ckpt.model = PeftModel.from_pretrained(ckpt.model, folder).merge_and_unload().eval()
-    return ckpt
-
-
 def remeasure_checkpoints(run: RunDir, default: Callable[[str], Any], *, probe_set: str | None = None,
                           probe_size: int | None = None, max_new_tokens: int | None = None,
                           include_initial: bool = True,
-                          on_checkpoint: Callable[[int, Path], None] = lambda step, folder: None) -> list[dict]:
+                          on_checkpoint: Callable[[int, Any], None] = lambda step, source: None) -> list[dict]:
     """TPF and held-out reward of every saved checkpoint of `run` (and of its starting model), as drift records.
 
     The probe settings default to the run's own (its `run_config.json`; a field it lacks at `default(field)`,
     the config's default), and so does the dtype: a bf16 run is
     re-measured in bf16, comparable with its live probe. Every prompt is compared with AR greedy, and TPF at
     the run's `temperature` is measured beside greedy. Records carry the training reward of their step from the
-    run's metrics, as the live probe's do.
+    run's metrics, as the live probe's do. Checkpoints are loaded as every command loads them
+    (`grpo.checkpoint.load_checkpoint`: LoRA adapters merged into the base their config names) and decoded on
+    the GPU when there is one; `on_checkpoint(step, source)` hears of each (`source.describe()`).
     """
+    from grpo.checkpoint import load_checkpoint
     from grpo.decoding.tpf import tpf_stats
+    from grpo.hardware import torch_device
     from grpo.pool import load_pool
     from grpo.yaml_config import ConfigError
 
@@ -187,8 +170,9 @@ def remeasure_checkpoints(run: RunDir, default: Callable[[str], Any], *, probe_s
     # the run's rewards first (a step's reward precedes its probe), then one entry per measured checkpoint
     entries = [{"step": e["step"], "reward": e["reward"]} for e in history if "reward" in e]
     for step, folder in points:
-        on_checkpoint(step, Path(folder))
-        ckpt = load_run_policy(folder, config.get("model"), run_dtype(config))
+        ckpt = load_checkpoint(folder, need_drafter=True, dtype=run_dtype(config))  # LoRA: merged into its base
+        on_checkpoint(step, ckpt.source)
+        ckpt.model.to(torch_device())
         greedy, sampled = probe_decode(ckpt.model, ckpt.processor, rows, ckpt.bd, settings, step=step,
                                        is_vlm=ckpt.is_vlm, compare_ar=True)
         metrics = probe_metrics(tpf_stats(greedy), sampled=tpf_stats(sampled) if sampled else None)

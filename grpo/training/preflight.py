@@ -164,18 +164,19 @@ def check_checkpoint(spec: str, need_drafter: bool, report: PreflightReport) -> 
     from transformers import AutoConfig
 
     from grpo.checkpoint import (BD_FILE, BlockDiffusionConfig, CheckpointError, _load_processor, check_mask_id,
-                                 is_vlm, resolve_model)
+                                 is_vlm, locate, processor_dir)
     from grpo.prompting import handles_images
 
     try:
-        path = resolve_model(spec)
-        config = AutoConfig.from_pretrained(path)
+        source = locate(spec)
+        config = AutoConfig.from_pretrained(source.model_dir)
     except (CheckpointError, OSError, ValueError) as err:
         report.problems.append(f"model: {err}")
         return None
     vlm = is_vlm(config)
+    path = source.folder
     try:
-        processor = _load_processor(path, vlm)
+        processor = _load_processor(processor_dir(source), vlm)
     except (CheckpointError, OSError, ValueError) as err:
         report.problems.append(f"model: {err}")
         return vlm
@@ -183,17 +184,17 @@ def check_checkpoint(spec: str, need_drafter: bool, report: PreflightReport) -> 
         report.problems.append(f"model {path}: no GLM-OCR processor (processor_config.json or "
                                "preprocessor_config.json missing?); "
                                "GRPO on images needs it")
-    report.facts["model"] = f"{path} ({config.model_type}{', vision-language' if vlm else ''})"
-    if not (path / BD_FILE).is_file() and not need_drafter:
+    report.facts["model"] = f"{source.describe()} ({config.model_type}{', vision-language' if vlm else ''})"
+    if source.file(BD_FILE) is None and not need_drafter:
         report.notes.append(f"model {path}: no {BD_FILE}; fine without the TPF probe and the drafter loss")
         return vlm
     try:
-        bd = BlockDiffusionConfig.load(path)
+        bd = BlockDiffusionConfig.load(source.folder_with(BD_FILE))
     except CheckpointError as err:
         report.problems.append(f"model: {err}")
         return vlm
     try:
-        check_mask_id(bd, getattr(config.get_text_config(), "vocab_size", None), processor, path)
+        check_mask_id(bd, getattr(config.get_text_config(), "vocab_size", None), processor, bd.source.parent)
     except CheckpointError as err:  # as load_checkpoint: fatal only where the drafter is used
         (report.problems if need_drafter else report.notes).append(f"model: {err}")
         return vlm
