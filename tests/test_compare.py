@@ -123,7 +123,7 @@ def test_a_finished_training_without_eval_is_only_evaluated(tmp_path, monkeypatc
     (folder / compare.TRAINED_FILE).write_text("{}")
     monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: pytest.fail("retrained a finished run"))
     seen = []
-    monkeypatch.setattr(compare, "evaluate", lambda model, base, **probe: seen.append(model) or [{"tokens": 2}])
+    monkeypatch.setattr(compare, "evaluate", lambda model, **probe: seen.append(model) or [{"tokens": 2}])
     assert compare.run_one(arm, 4, tmp_path, {}, compare.DEFAULT_PROBE, log=lambda _: None) == [{"tokens": 2}]
     assert seen == [folder / "checkpoint-80"]
     assert json.loads((folder / compare.EVAL_FILE).read_text()) == [{"tokens": 2}]
@@ -177,7 +177,7 @@ def test_another_probe_reevaluates_finished_runs_into_files_named_after_it(tmp_p
     monkeypatch.setattr(compare.RunDir, "read_config", lambda self: {"model": "tiny"})
     seen = []
 
-    def evaluate(model, base, probe_set, probe_size, max_new_tokens):
+    def evaluate(model, probe_set, probe_size, max_new_tokens):
         seen.append((str(model), probe_set, probe_size))
         forwards = 2 if Path(model).parts[-3:-2] == ("b",) else 3   # arm b's checkpoint drafts better
         return [{"index": i, "task": r["task_type"], "tokens": 9, "forwards": forwards, "ar_equal": True,
