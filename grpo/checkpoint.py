@@ -338,7 +338,8 @@ def load_checkpoint(spec: str | Path, need_drafter: bool = False,
     if source.base is not None:
         from peft import PeftModel
 
-        model = PeftModel.from_pretrained(model, source.folder).merge_and_unload()
+        # merged weights, trainable as a plain load's (peft freezes the base it loads adapters into)
+        model = PeftModel.from_pretrained(model, source.folder).merge_and_unload().requires_grad_(True)
     return Checkpoint(model=model.eval(), processor=found.processor, bd=found.bd, is_vlm=found.is_vlm,
                       path=source.folder, source=source)
 
