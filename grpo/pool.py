@@ -2,7 +2,7 @@
 
 A pool is a `datasets` dataset with columns `prompt`, `target`, `task_type` and, for vision-language
 policies, `image`. It can be a `save_to_disk` folder, a `.parquet` file, a `.jsonl` file or a built-in
-synthetic split name (`grpo.synthetic.world.split_of`: `tiny`, `tiny-probe`, a fresh probe `tiny-probe@SEED`,
+synthetic split name (`grpo.synthetic.splits.split_of`: `tiny`, `tiny-probe`, a fresh probe `tiny-probe@SEED`,
 ...). In a jsonl file `image` is a path relative to the file, or `{"bytes": "<base64>"}`, or absent / null
 for text-only pools.
 
@@ -21,13 +21,12 @@ from __future__ import annotations
 import base64
 import glob
 import io
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from grpo.errors import MissingFileError, UserError
-from ocr_rewards.jsonl import read_lines
+from ocr_rewards.jsonl import read_json_object, read_lines
 from ocr_rewards.scoring import check_reference, task_problem
 
 log = logging.getLogger(__name__)
@@ -145,8 +144,7 @@ def _read(spec: str):
         if path.suffix == ".parquet":
             return _read_parquet(path, spec), path.parent, [], None
         return _read_jsonl(path)
-    from grpo.synthetic.world import FRESH_PROBE, SPLITS, build_split, is_builtin
-
+    from grpo.synthetic.splits import FRESH_PROBE, SPLITS, build_split, is_builtin
     if is_builtin(spec):
         return build_split(spec), Path.cwd(), [], None
     raise PoolError(spec, f"not found; expected {FORMATS} ({', '.join(SPLITS)}, or {FRESH_PROBE}@SEED)")
@@ -182,12 +180,7 @@ def read_dataset_folder(path: Path, what: str, expected: str = FORMATS):
                         f"dataset; expected {expected}")
     for marker in markers:
         if marker.is_file():
-            try:
-                value = json.loads(marker.read_bytes())
-            except ValueError as err:
-                raise UserError(f"{what}: {marker} is damaged (not JSON: {err})") from None
-            if not isinstance(value, dict):
-                raise UserError(f"{what}: {marker} is damaged (not a JSON object)")
+            read_json_object(marker, PoolError)
     # datasets writes the cache files of later transforms (select, map, flatten) beside the arrow files it
     # read: into the user's folder. Without its cache they go to a temporary folder, removed at exit.
     disable_caching()

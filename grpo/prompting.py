@@ -49,6 +49,11 @@ def user_turn(prompt: str, image: Any = None, image_part: str = "image") -> list
     return [{"role": "user", "content": [{"type": image_part, image_part: image}, {"type": "text", "text": prompt}]}]
 
 
+def handles_images(processor: Any) -> bool:
+    """Whether `processor` turns images into model inputs (a GLM-OCR processor, not a bare tokenizer)."""
+    return hasattr(processor, "image_processor")
+
+
 def encode_prompt(processor: Any, row: Mapping[str, Any], is_vlm: bool) -> dict[str, torch.Tensor]:
     """Model inputs (batch of one, tensors) for one pool row."""
     prompt = _field(row, "prompt")
@@ -57,7 +62,7 @@ def encode_prompt(processor: Any, row: Mapping[str, Any], is_vlm: bool) -> dict[
     if not is_vlm:
         tokenizer = getattr(processor, "tokenizer", processor)
         return dict(tokenizer(prompt, return_tensors="pt"))
-    if not hasattr(processor, "image_processor"):
+    if not handles_images(processor):
         raise ValueError("encoding an image prompt needs the model's processor (with its image processor), "
                          f"got {type(processor).__name__}")
     messages = user_turn(prompt, load_image(_field(row, "image")))

@@ -49,7 +49,8 @@ def _shards(folder: Path, n: int = 2, rows: int = 6) -> list[Path]:
     """Finished `mine --shard I/N` outputs of the first `rows` rows of the tiny pool, without a model."""
     from grpo.pool import load_pool
     from grpo.mining.miner import assemble
-    from grpo.mining.selection import INDEX, RankRule
+    from grpo.mining.selection import RankRule
+    from grpo.rollouts.sampling import INDEX
     from grpo.mining.store import MiningStore
 
     pool = load_pool("tiny", index_column=INDEX).select(range(rows))
@@ -100,7 +101,7 @@ def test_merge_refuses_an_existing_dataset_unless_overwrite(here, shards, capsys
 
 def _damage_done(s0: Path) -> str:
     (s0 / "mining" / "done.json").write_text("{half")
-    return f"{s0 / 'mining' / 'done.json'} is damaged"
+    return f"{s0 / 'mining' / 'done.json'}: not JSON"
 
 
 def _damage_part(s0: Path) -> str:
@@ -288,7 +289,7 @@ def test_no_writer_replaces_a_special_file(here, capsys):
 def test_a_damaged_checkpoint_config_is_named(here, capsys):
     (here / "ckpt").mkdir()
     (here / "ckpt" / "config.json").write_text("{half")
-    refused(capsys, ["mine", "--model", "ckpt", "--data", "tiny", "--out", "out"], "ckpt/config.json: not valid JSON",
+    refused(capsys, ["mine", "--model", "ckpt", "--data", "tiny", "--out", "out"], "ckpt/config.json: not JSON",
              inputs=(here,))
     assert not (here / "out").exists()
 

@@ -9,7 +9,8 @@ HELP = "measure the drafter's tokens per forward (self-speculative or direct dif
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="tiny", help="checkpoint folder, or 'tiny' (default)")
+    parser.add_argument("--model", default="tiny", help="checkpoint: a folder (full or LoRA), a hub id, or 'tiny' "
+                                                        "(default)")
     from grpo.yaml_config import RenamedFlag
 
     pool = parser.add_mutually_exclusive_group(required=True)
@@ -83,14 +84,15 @@ def run(args: argparse.Namespace) -> int:
     from grpo.console import console
     from grpo.decoding.tpf import measure_tpf
     from grpo.errors import UserError
-    from grpo.hardware import on_cpu
+    from grpo.hardware import torch_device
 
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit must be >= 1, got {args.limit}")
     _check_decoding(args, UserError)
     ckpt = load_checkpoint(args.model, need_drafter=True, dtype=getattr(torch, args.dtype))
+    console.print(f"model: {ckpt.source.describe()}", markup=False)
     pool = load_pool(args.pool, skip_bad=args.skip_bad)
-    ckpt.model.to(args.device or ("cpu" if on_cpu() else "cuda"))
+    ckpt.model.to(args.device or torch_device())
     if args.limit is not None:
         pool = pool.select(range(min(args.limit, len(pool))))
     stats = measure_tpf(ckpt.model, ckpt.processor, pool, ckpt.bd, is_vlm=ckpt.is_vlm, bd_size=args.bd_size,

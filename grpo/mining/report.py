@@ -11,7 +11,8 @@ import json
 import os
 from pathlib import Path
 
-from grpo.mining.selection import INDEX, is_dropped
+from grpo.mining.selection import is_dropped
+from grpo.rollouts.sampling import INDEX
 from grpo.mining.store import atomic_write, temporary_file
 
 PERCENTILES = (10, 25, 50, 75, 90, 99)

@@ -16,8 +16,8 @@ import shutil
 from pathlib import Path
 
 from grpo.errors import UserError
-from ocr_rewards.jsonl import read_lines
-from grpo.mining.selection import INDEX
+from ocr_rewards.jsonl import read_json_object, read_lines
+from grpo.rollouts.sampling import INDEX
 
 
 class MiningError(UserError, ValueError):
@@ -82,13 +82,7 @@ class MiningStore:
 
 def read_json(path: Path) -> dict:
     """A JSON object file of a run; a `MiningError` naming it when it is not one."""
-    try:
-        value = json.loads(path.read_bytes())
-    except (OSError, ValueError) as err:
-        raise MiningError(f"{path} is damaged ({err})") from None
-    if not isinstance(value, dict):
-        raise MiningError(f"{path} is damaged (not a JSON object)")
-    return value
+    return read_json_object(path, MiningError)
 
 
 def temporary(path: Path, kind: str = "tmp") -> Path:

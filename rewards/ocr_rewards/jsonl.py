@@ -64,3 +64,17 @@ def read_lines(path: str | Path, what: str) -> list[tuple[int, object, str | Non
         except ValueError as err:
             out.append((number, None, str(err)))
     return out
+
+
+def read_json_object(path: str | Path, error: type[UserError] = UserError) -> dict:
+    """The JSON object in the file `path` (a byte-order mark accepted): the one reader of the project's JSON
+    files. `error` (a `UserError` subclass) names the file when it is missing, unreadable, not JSON or not an
+    object."""
+    try:
+        data = read_bytes(path, "file")
+        value = parse_line(data[len(BOM):] if data.startswith(BOM) else data)
+    except (UserError, ValueError) as err:
+        raise error(f"{path}: {str(err).removeprefix(f'file {path}: ')}") from None
+    if not isinstance(value, dict):
+        raise error(f"{path}: not a JSON object (a {type(value).__name__})")
+    return value

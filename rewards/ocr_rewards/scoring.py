@@ -11,7 +11,7 @@ from .text import score_text
 # task -> scorer(pred, ref) -> (base reward in [0, 1], components); the only list of task names
 SCORERS = {"text": score_text, "table": score_table, "formula": score_formula}
 TASKS = tuple(SCORERS)
-__all__ = ["MAX_PRED_CHARS", "TASKS", "check_task", "score", "task_problem"]  # MAX_PRED_CHARS: rewards.settings
+__all__ = ["MAX_PRED_CHARS", "TASKS", "check_task", "score", "task_problem"]  # MAX_PRED_CHARS: ocr_rewards.settings
 
 # A longer reference is refused (`check_reference`): the time of a score grows with the reference as well, and
 # the pool and pairs readers name the row or line of one beyond it before any scoring starts.

@@ -24,6 +24,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
+from ocr_rewards.jsonl import read_json_object
+
 RUN_CONFIG = "run_config.json"
 METRICS_JSONL = "metrics.jsonl"
 WALL_TIME = "wall_time.json"
@@ -80,9 +82,11 @@ class RunDir:
         self.file(RUN_CONFIG).write_text(config_json)
 
     def read_config(self) -> dict[str, Any]:
-        """The run's config, or {} for a folder without one."""
+        """The run's config, or {} for a folder without one; a `ConfigError` naming a damaged one."""
+        from grpo.yaml_config import ConfigError
+
         path = self.file(RUN_CONFIG)
-        return json.loads(path.read_text()) if path.is_file() else {}
+        return read_json_object(path, ConfigError) if path.is_file() else {}
 
     def write_wall_time(self, split: dict[str, float]) -> None:
         self.file(WALL_TIME).write_text(json.dumps(split, indent=2) + "\n")
