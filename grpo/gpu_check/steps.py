@@ -62,7 +62,7 @@ class Run:
     def history(self, out: Path, steps: int, probes: bool) -> None:
         """Figures of a run folder; checks: steps 1..`steps` logged once each with a finite loss, the probe at
         every step from 0 (when `probes`), the last checkpoint saved."""
-        from grpo.training.run_dir import DRIFT_JSONL, RunDir
+        from grpo.evaluation.run_dir import DRIFT_JSONL, RunDir
 
         run = RunDir(out)
         trained = [e for e in run.read_metrics() if "reward" in e]
@@ -176,7 +176,7 @@ def drafter_loss_bf16(run: Run) -> None:
     """GRPO with the drafter loss (weight 1) in bf16, 1 step: the loss and its gradient are finite."""
     out = run.train("tiny_cpu.yaml", drafter_loss_weight=1.0, max_steps=1, save_steps=1, tpf_every=0)
     run.history(out, 1, probes=False)
-    from grpo.training.run_dir import RunDir
+    from grpo.evaluation.run_dir import RunDir
 
     logged = next(e for e in RunDir(out).read_metrics() if "reward" in e)
     run.figures.update({k: logged.get(k) for k in ("drafter/loss", "drafter/grad_norm", "grpo/grad_norm")})
