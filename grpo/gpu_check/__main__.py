@@ -38,6 +38,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = sorted(set(args.only or ()) - set(STEPS))
     if unknown:
         parser.error(f"unknown step(s) {', '.join(unknown)}; the steps are: {', '.join(STEPS)}")
+    if args.device == "cuda" and not args.list and shutil.which("nvidia-smi") is None:
+        parser.error("--device cuda needs a CUDA GPU (nvidia-smi not found); on CPU: --device cpu, or "
+                     "`make gpu-rehearsal`")
     return args
 
 
@@ -102,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
                     log.write(f"===== {entry['name']} ({'ok' if entry['ok'] else 'FAILED'}, {entry['seconds']} s)\n")
                     log.write((work / f"{entry['name']}.log").read_text(errors="replace") + "\n")
             report["seconds"] = round(time.monotonic() - started, 1)
-            report["ok"] = bool(report["install"] is None or report["install"]["ok"]) and \
-                len(report["steps"]) == len(names) and all(e["ok"] for e in report["steps"])
+            report["ok"] = (report["install"] or {"ok": True})["ok"] and len(report["steps"]) == len(names) \
+                and all(e["ok"] for e in report["steps"])
             (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
 
     paths = [str(ROOT / "rewards"), str(ROOT)]
@@ -119,10 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in (n for n in names if n in ALONE):                     # timings: nothing else runs
         step(name)
     shutil.rmtree(work, ignore_errors=True)
-    status = "every step ok" if report["ok"] else "FAILED: " + ", ".join(
-        [e["name"] for e in report["steps"] if not e["ok"]] + (["install"] if not (report["install"] or {"ok": 1})["ok"] else []))
-    print(f"gpu-check on {args.device}: {status}; {report['seconds']} s; report {args.out / 'report.json'}")
-    return 0 if report["ok"] else 1
+    failed = [e["name"] for e in report["steps"] if not e["ok"]]
+    if report["install"] is not None and not report["install"]["ok"]:
+        failed.insert(0, "install")
+    print(f"gpu-check on {args.device}: {'failed: ' + ', '.join(failed) if failed else 'every step ok'}; "
+          f"{report['seconds']} s; report in {args.out / 'report.json'}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
