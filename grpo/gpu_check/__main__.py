@@ -84,8 +84,8 @@ def run_step(name: str, device: str, work: Path, env: dict, timeout: float) -> d
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.list:
-        for name, step in STEPS.items():
-            print(f"{name}: {step.__doc__.splitlines()[0]}")
+        for name, function in STEPS.items():
+            print(f"{name}: {function.__doc__.splitlines()[0]}")
         return 0
     settings = SETTINGS[args.device]
     names = [n for n in STEPS if args.only is None or n in args.only]
@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
                 with (args.out / "steps.log").open("a") as log:
                     log.write(f"===== {entry['name']} ({'ok' if entry['ok'] else 'FAILED'}, {entry['seconds']} s)\n")
                     log.write((work / f"{entry['name']}.log").read_text(errors="replace") + "\n")
+                print(f"{entry['name']}: {'ok' if entry['ok'] else 'FAILED, ' + entry['error']} ({entry['seconds']} s)",
+                      flush=True)
             report["seconds"] = round(time.monotonic() - started, 1)
             report["ok"] = (report["install"] or {"ok": True})["ok"] and len(report["steps"]) == len(names) \
                 and all(e["ok"] for e in report["steps"])
@@ -116,7 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     write()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
            "TOKENIZERS_PARALLELISM": "false"}
-    step = lambda name: write(run_step(name, args.device, work, env, settings["timeout"]))  # noqa: E731
+
+    def step(name: str) -> None:
+        write(run_step(name, args.device, work, env, settings["timeout"]))
+
     with ThreadPoolExecutor(max_workers=settings["jobs"]) as pool:  # tiny models: several share the device
         list(pool.map(step, [n for n in names if n not in ALONE]))
     for name in (n for n in names if n in ALONE):                     # timings: nothing else runs
