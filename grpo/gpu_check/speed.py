@@ -25,13 +25,15 @@ WARMUP = 3        # untimed repeats first: kernel selection, allocator
 # GLM-OCR's language decoder as published (text_config of its config.json); the vision encoder runs once per
 # prompt, in the prefill, and is not timed here.
 GLM_OCR_TEXT = {"vocab_size": 59392, "hidden_size": 1536, "intermediate_size": 4608, "num_hidden_layers": 16,
-                "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128}
+                "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+                "rope_parameters": {"rope_type": "default", "mrope_section": [16, 24, 24], "rope_theta": 10000.0}}
 SIZES = {
     # CONTEXT 1024: an image crop's prompt plus part of a long table; 20 repeats of a ~10 ms forward
     "cuda": {"text": GLM_OCR_TEXT, "batches": (1, 8, 32, 64), "context": 1024, "repeats": 20},
     # the rehearsal on 2 CPU cores: the same code at a size that runs in seconds (real vocabulary, 2 layers)
     "cpu": {"text": {**GLM_OCR_TEXT, "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 2,
-                     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64},
+                     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+                     "rope_parameters": {"rope_type": "default", "mrope_section": [8, 12, 12], "rope_theta": 10000.0}},
             "batches": (1, 8), "context": 128, "repeats": 3},
 }
 
