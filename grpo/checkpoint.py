@@ -274,12 +274,26 @@ def is_vlm_checkpoint(path: str | Path) -> bool:
 
 def check_mask_id(bd: BlockDiffusionConfig, n_embed: int | None, processor: Any, path: Path) -> None:
     """Refuse a `mask_id` outside the embedding matrix (`n_embed` rows; None: unknown) or the tokenizer's
-    vocabulary."""
-    n_vocab = len(tokenizer_of(processor))
+    vocabulary, other than the id of the tokenizer's `MASK_TOKEN`, or (without one) a special token such as EOS:
+    a draft of EOS masks would read as a finished output."""
+    tokenizer = tokenizer_of(processor)
+    n_vocab = len(tokenizer)
+    where = f"{path / BD_FILE}: field 'mask_id' = {bd.mask_id}"
     if not 0 <= bd.mask_id < min(n_vocab, n_embed or n_vocab):
-        raise CheckpointError(
-            f"{path / BD_FILE}: field 'mask_id' = {bd.mask_id} is out of vocabulary "
-            f"(tokenizer has {n_vocab} tokens, embedding matrix {n_embed} rows)")
+        raise CheckpointError(f"{where} is out of vocabulary (tokenizer has {n_vocab} tokens, embedding matrix "
+                              f"{n_embed} rows)")
+    mask = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
+    if mask is not None and mask != tokenizer.unk_token_id:
+        if bd.mask_id != mask:
+            raise CheckpointError(f"{where} is not the id of the tokenizer's {MASK_TOKEN} ({mask})")
+    elif bd.mask_id in tokenizer.all_special_ids:
+        raise CheckpointError(f"{where} is the special token {tokenizer.convert_ids_to_tokens(bd.mask_id)!r}, "
+                              f"not a mask token")
+
+
+def context_length(config: Any) -> int | None:
+    """The positions of the model's text decoder (`max_position_embeddings`); None when its config does not say."""
+    return getattr(config.get_text_config(), "max_position_embeddings", None)
 
 
 @dataclass(frozen=True)

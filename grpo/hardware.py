@@ -42,3 +42,19 @@ def vllm_on_cpu() -> bool:
     except importlib.metadata.PackageNotFoundError:
         return False
     return True
+
+
+def torch_device_named(name: str) -> str:
+    """`name` when it is a torch device present here; a `UserError` naming it otherwise (`gpu0`, `cuda:3` on a
+    machine with one GPU, `cuda` without CUDA)."""
+    import torch
+
+    from grpo.errors import UserError
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise UserError(f"device {name!r}: not a torch device (e.g. cpu, cuda, cuda:1)", setting="device") from None
+    if device.type == "cuda" and not (torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count()):
+        raise UserError(f"device {name!r}: no such CUDA device here", setting="device")
+    return name

@@ -139,6 +139,8 @@ def _read(spec: str):
             ds = next(iter(ds.values()))
         return ds, path, [], None
     if path.suffix in (".parquet", ".jsonl"):
+        if path.exists() and not path.is_file():
+            raise PoolError(spec, "not a regular file")
         if not path.is_file():
             raise MissingFileError(f"prompt pool {spec}: no such file")
         if path.suffix == ".parquet":
@@ -323,10 +325,15 @@ def _image_problem(value, base_dir: Path) -> str | None:
     if cell.get("error"):
         return cell["error"]
     try:
-        with Image.open(_image_source(cell, base_dir)) as image:
+        source = _image_source(cell, base_dir)
+        if isinstance(source, Path) and source.exists() and not source.is_file():
+            return f"image is not a regular file: {cell['path']}"  # a fifo or a device would block the read
+        with Image.open(source) as image:
             image.load()
     except FileNotFoundError:
         return f"image file not found: {cell['path']}"
+    except Image.DecompressionBombError as err:
+        return f"image too large ({cell['path'] or 'bytes'}): {err}"
     except (UnidentifiedImageError, OSError, ValueError) as err:
         return f"unreadable image ({cell['path'] or 'bytes'}): {err}"
     return None

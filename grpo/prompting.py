@@ -68,3 +68,17 @@ def encode_prompt(processor: Any, row: Mapping[str, Any], is_vlm: bool) -> dict[
     messages = user_turn(prompt, load_image(_field(row, "image")))
     return dict(processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                               return_dict=True, return_tensors="pt"))
+
+
+def rows_over_context(processor: Any, rows: Any, is_vlm: bool, positions: int | None, max_new_tokens: int) -> list[str]:
+    """`row N: T prompt tokens + M new > P positions` for each row whose prompt and output cap do not fit in the
+    model's `positions` (None: unknown, nothing to check); the one check of prompt length, for `tpf` and the
+    dry run."""
+    if positions is None:
+        return []
+    over = []
+    for index, row in enumerate(rows):
+        length = encode_prompt(processor, row, is_vlm)["input_ids"].shape[-1]
+        if length + max_new_tokens > positions:
+            over.append(f"row {index}: {length} prompt tokens + {max_new_tokens} new > {positions} positions")
+    return over

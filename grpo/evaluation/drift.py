@@ -151,6 +151,7 @@ def remeasure_checkpoints(run: RunDir, default: Callable[[str], Any], *, probe_s
     from grpo.yaml_config import ConfigError
 
     config = run.read_config()
+    history = run.read_metrics()  # damaged files are named before any work
     probe_set = probe_set or config.get("probe_set")
     if probe_set is None:
         raise ConfigError(f"{run.path}: no run_config.json to take the probe set from; name the probe set",
@@ -166,9 +167,8 @@ def remeasure_checkpoints(run: RunDir, default: Callable[[str], Any], *, probe_s
         raise ConfigError(f"{run.path}: no checkpoint-N folders to measure")
     rows = load_pool(probe_set)
     rows = rows.select(range(min(size, len(rows))))
-    history = run.read_metrics()
     # the run's rewards first (a step's reward precedes its probe), then one entry per measured checkpoint
-    entries = [{"step": e["step"], "reward": e["reward"]} for e in history if "reward" in e]
+    entries = [{"step": e["step"], "reward": e["reward"]} for e in history if "reward" in e and "step" in e]
     for step, folder in points:
         ckpt = load_checkpoint(folder, need_drafter=True, dtype=run_dtype(config))  # LoRA: merged into its base
         on_checkpoint(step, ckpt.source)

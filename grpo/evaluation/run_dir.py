@@ -45,7 +45,20 @@ def _write_jsonl(path: Path, records: Iterable[dict]) -> None:
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    """The records of a run's jsonl file ([] when absent); a `ConfigError` naming the first damaged line."""
+    from grpo.yaml_config import ConfigError
+    from ocr_rewards.jsonl import read_lines
+
+    if not path.is_file():
+        return []
+    records = []
+    for number, record, problem in read_lines(path, "run file"):
+        if problem is None and not isinstance(record, dict):
+            problem = "not a JSON object"
+        if problem:
+            raise ConfigError(f"{path} is damaged: line {number}: {problem}")
+        records.append(record)
+    return records
 
 
 class RunDir:
