@@ -12,7 +12,7 @@ place going to the next prompt. The decoders take turns, pass by pass (the order
 the machine hits all of them.
 On random weights TPF ~ 1 is expected and says nothing; use a joint-trained checkpoint.
 
-    python benchmarks/selfspec_bench.py --model tiny --data tiny-probe --batch-size 16 --threads 1
+    python benchmarks/selfspec_bench.py --model tiny --pool tiny-probe --batch-size 16 --threads 1
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import torch
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny")
-    parser.add_argument("--data", default="tiny-probe", help="prompt pool (as for gravity-grpo tpf)")
+    parser.add_argument("--pool", default="tiny-probe", help="prompt pool (as for gravity-grpo tpf)")
     parser.add_argument("--limit", type=int, default=None, help="first N prompts (default: all)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=2, help="passes over the prompts (wall times summed)")
@@ -53,7 +53,7 @@ def main() -> None:
         raise SystemExit("this benchmark batches text prompts for HF generate; use a text checkpoint")
     model = ckpt.model.to(args.device)
     tokenizer = tokenizer_of(ckpt.processor)
-    pool = load_pool(args.data)
+    pool = load_pool(args.pool)
     pool = pool.select(range(min(args.limit or len(pool), len(pool))))
     bd_size = args.bd_size or ckpt.bd.bd_size
     stops = stop_token_ids(model, tokenizer)
@@ -116,7 +116,7 @@ def main() -> None:
                 totals[name]["equal"] += sum(a == b for a, b in zip(outputs[name], outputs["HF generate b1"]))
 
     count = len(encoded) * args.repeats
-    table = Table(title=f"{ckpt.path} on {args.data}: {len(encoded)} prompts x {args.repeats}, B={bd_size}, "
+    table = Table(title=f"{ckpt.path} on {args.pool}: {len(encoded)} prompts x {args.repeats}, B={bd_size}, "
                         f"{args.dtype}, {args.device}, {torch.get_num_threads()} thread(s), max {args.max_new_tokens}")
     for column in ("decoder", "wall s", "CPU s", "tokens", "forwards", "TPF", "tok/s", "= HF b1"):
         table.add_column(column, justify="left" if column == "decoder" else "right")

@@ -296,41 +296,66 @@ def context_length(config: Any) -> int | None:
     return getattr(config.get_text_config(), "max_position_embeddings", None)
 
 
-def load_checkpoint(spec: str | Path, need_drafter: bool = False,
-                    dtype: torch.dtype = torch.float32) -> Checkpoint:
-    """Load model + tokenizer/processor + block-diffusion config of what `spec` names (`locate`), in eval mode;
-    a LoRA checkpoint is merged into its base.
+@dataclass(frozen=True)
+class Inspection:
+    """A checkpoint read without its weights: what the dry run reports and loading builds on."""
 
-    With `need_drafter=True` a missing or invalid `block_diffusion.json` raises `CheckpointError`; otherwise an
-    absent file gives `bd=None`, and a `mask_id` out of vocabulary only a warning and `bd=None`.
+    source: ModelSource
+    config: Any                      # the transformers config
+    is_vlm: bool
+    processor: Any
+    bd: BlockDiffusionConfig | None  # None: no drafter file, or an unusable one where the drafter is not needed
+    drafter_note: str | None = None  # why a present drafter file is left unused
+
+
+def inspect_checkpoint(spec: str | Path, need_drafter: bool = False) -> Inspection:
+    """Config, tokenizer/processor and `block_diffusion.json` of what `spec` names (`locate`), no weights: the one
+    checkpoint inspection of the dry run and of `load_checkpoint`.
+
+    With `need_drafter=True` a missing or invalid `block_diffusion.json`, or a `mask_id` out of vocabulary,
+    raises `CheckpointError`; otherwise an absent file gives `bd=None`, and an out-of-vocabulary `mask_id`
+    `bd=None` with the reason in `drafter_note`. A malformed file is refused either way.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers import AutoConfig
 
     source = locate(spec)
     bd = BlockDiffusionConfig.load(source.folder_with(BD_FILE)) \
         if need_drafter or source.file(BD_FILE) is not None else None
     config = AutoConfig.from_pretrained(source.model_dir)
     vlm = is_vlm(config)
-    auto = AutoModelForImageTextToText if vlm else AutoModelForCausalLM
+    processor = _load_processor(processor_dir(source), vlm)
+    note = None
+    if bd is not None:
+        try:
+            check_mask_id(bd, getattr(config.get_text_config(), "vocab_size", None), processor, bd.source.parent)
+        except CheckpointError as err:
+            if need_drafter:
+                raise
+            bd, note = None, f"{err} (the drafter is not needed here; continuing without it)"
+    return Inspection(source, config, vlm, processor, bd, note)
+
+
+def load_checkpoint(spec: str | Path, need_drafter: bool = False,
+                    dtype: torch.dtype = torch.float32) -> Checkpoint:
+    """Load model + tokenizer/processor + block-diffusion config of what `spec` names (`inspect_checkpoint`), in
+    eval mode; a LoRA checkpoint is merged into its base."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    found = inspect_checkpoint(spec, need_drafter)
+    if found.drafter_note:
+        logger.warning("%s", found.drafter_note)
+    if found.bd is not None and need_drafter and found.bd.ar_loss_weight == 0:
+        logger.warning("%s: ar_loss_weight is 0, the AR path was not trained to verify drafts", found.bd.source)
+    source = found.source
+    auto = AutoModelForImageTextToText if found.is_vlm else AutoModelForCausalLM
     model = auto.from_pretrained(source.model_dir, dtype=dtype)
     if source.base is not None:
         from peft import PeftModel
 
-        model = PeftModel.from_pretrained(model, source.folder).merge_and_unload()
-    model.eval()
-    path = source.folder
-    processor = _load_processor(processor_dir(source), vlm)
-    if bd is not None:
-        try:
-            check_mask_id(bd, model.get_input_embeddings().num_embeddings, processor, bd.source.parent)
-        except CheckpointError as err:
-            if need_drafter:
-                raise
-            logger.warning("%s (the drafter is not needed here; continuing without it)", err)
-            bd = None
-    if bd is not None and need_drafter and bd.ar_loss_weight == 0:
-        logger.warning("%s: ar_loss_weight is 0, the AR path was not trained to verify drafts", bd.source)
-    return Checkpoint(model=model, processor=processor, bd=bd, is_vlm=vlm, path=path, source=source)
+        # merged weights, trainable as a plain load's (peft freezes the base it loads adapters into)
+        model = PeftModel.from_pretrained(model, source.folder).merge_and_unload().requires_grad_(True)
+    return Checkpoint(model=model.eval(), processor=found.processor, bd=found.bd, is_vlm=found.is_vlm,
+                      path=source.folder, source=source)
 
 
 def add_mask_token(model: Any, tokenizer: Any) -> int:

@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import difflib
 import logging
+import os
 import typing
 from pathlib import Path
 from collections.abc import Hashable
@@ -31,6 +32,10 @@ from grpo.errors import UserError
 log = logging.getLogger(__name__)
 
 EXTENDS = "extends"  # recipe key: the recipe (path relative to this file) whose keys this one starts from
+# Recipe keys naming something to read (a checkpoint, a pool): a relative value that exists beside the recipe
+# is read there, as `extends:` is; any other value (a built-in name, a hub id) stays as written. Values given on
+# the command line stay relative to the current directory.
+INPUT_KEYS = ("model", "pool", "probe_set")
 
 
 class RenamedFlag(argparse.Action):
@@ -53,7 +58,8 @@ class ConfigError(UserError, ValueError):
 
 
 def read_recipe(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """The mapping of a YAML recipe, on top of the recipe its `extends` names (followed recursively)."""
+    """The mapping of a YAML recipe, on top of the recipe its `extends` names (followed recursively); values of
+    `INPUT_KEYS` that name a file or folder beside the recipe point there."""
     import yaml
 
     path = Path(path)
@@ -71,6 +77,10 @@ def read_recipe(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, An
         raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from err
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of config keys, got {type(raw).__name__}")
+    for key in INPUT_KEYS:
+        value = raw.get(key)
+        if isinstance(value, str) and value and not Path(value).is_absolute() and (path.parent / value).exists():
+            raw[key] = os.path.normpath(path.parent / value)
     parent = raw.pop(EXTENDS, None)
     if parent is None:
         return raw

@@ -52,7 +52,7 @@ class MineConfig(RewardFields):
     pool: str = field(metadata=_help("prompt pool: save_to_disk folder, .parquet, .jsonl or a built-in name"))
     output_dir: str = field(metadata=_help("output folder (a datasets folder + mining/ + report/); rerun with "
                                            "the same settings to resume"))
-    model: str = field(default="tiny", metadata=_help("checkpoint folder, or 'tiny'"))
+    model: str = field(default="tiny", metadata=_help("checkpoint: a folder (full or LoRA), a hub id, or 'tiny'"))
     num_generations: int = field(default=8, metadata=_help("rollouts per prompt (k)"))
     temperature: float = field(default=1.0, metadata=_help("sampling temperature; no nucleus / top-k "
                                                            "truncation, as in GRPO"))

@@ -61,7 +61,7 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
 
     # --- the start: checkpoint and prompt pool ---
     model: str = field(default="tiny", metadata={
-        "help": "Joint checkpoint folder to start GRPO from, or 'tiny' for the committed tiny default."})
+        "help": "Joint checkpoint to start GRPO from: a folder (full or LoRA), a hub id, or 'tiny' (the committed tiny default)."})
     pool: str = field(default="tiny", metadata={
         "help": "GRPO prompt pool: a save_to_disk folder, .parquet, .jsonl or a built-in split name."})
     skip_bad: bool = field(default=False, metadata={

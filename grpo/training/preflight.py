@@ -159,46 +159,27 @@ def check_pool(spec: str, is_vlm: bool | None, report: PreflightReport, label: s
 
 
 def check_checkpoint(spec: str, need_drafter: bool, report: PreflightReport) -> bool | None:
-    """Config, tokenizer/processor and `block_diffusion.json` of a checkpoint, without loading its weights.
-    Returns whether it is a vision-language checkpoint (None when it cannot be read)."""
-    from transformers import AutoConfig
-
-    from grpo.checkpoint import (BD_FILE, BlockDiffusionConfig, CheckpointError, _load_processor, check_mask_id,
-                                 is_vlm, locate, processor_dir)
+    """The checkpoint as loading reads it (`grpo.checkpoint.inspect_checkpoint`, no weights). Returns whether it
+    is a vision-language checkpoint (None when it cannot be read)."""
+    from grpo.checkpoint import BD_FILE, CheckpointError, inspect_checkpoint
     from grpo.prompting import handles_images
 
     try:
-        source = locate(spec)
-        config = AutoConfig.from_pretrained(source.model_dir)
+        found = inspect_checkpoint(spec, need_drafter)
     except (CheckpointError, OSError, ValueError) as err:
         report.problems.append(f"model: {err}")
         return None
-    vlm = is_vlm(config)
-    path = source.folder
-    try:
-        processor = _load_processor(processor_dir(source), vlm)
-    except (CheckpointError, OSError, ValueError) as err:
-        report.problems.append(f"model: {err}")
-        return vlm
-    if vlm and not handles_images(processor):
-        report.problems.append(f"model {path}: no GLM-OCR processor (processor_config.json or "
-                               "preprocessor_config.json missing?); "
-                               "GRPO on images needs it")
-    report.facts["model"] = f"{source.describe()} ({config.model_type}{', vision-language' if vlm else ''})"
-    if source.file(BD_FILE) is None and not need_drafter:
-        report.notes.append(f"model {path}: no {BD_FILE}; fine without the TPF probe and the drafter loss")
-        return vlm
-    try:
-        bd = BlockDiffusionConfig.load(source.folder_with(BD_FILE))
-    except CheckpointError as err:
-        report.problems.append(f"model: {err}")
-        return vlm
-    try:
-        check_mask_id(bd, getattr(config.get_text_config(), "vocab_size", None), processor, bd.source.parent)
-    except CheckpointError as err:  # as load_checkpoint: fatal only where the drafter is used
-        (report.problems if need_drafter else report.notes).append(f"model: {err}")
-        return vlm
-    report.facts["drafter"] = f"B = {bd.bd_size}, mask_id {bd.mask_id}"
+    source, vlm = found.source, found.is_vlm
+    if vlm and not handles_images(found.processor):
+        report.problems.append(f"model {source.folder}: no GLM-OCR processor (processor_config.json or "
+                               "preprocessor_config.json missing?); GRPO on images needs it")
+    report.facts["model"] = f"{source.describe()} ({found.config.model_type}{', vision-language' if vlm else ''})"
+    if found.drafter_note:
+        report.notes.append(f"model: {found.drafter_note}")
+    elif found.bd is None:
+        report.notes.append(f"model {source.folder}: no {BD_FILE}; fine without the TPF probe and the drafter loss")
+    else:
+        report.facts["drafter"] = f"B = {found.bd.bd_size}, mask_id {found.bd.mask_id}"
     return vlm
 
 

@@ -12,7 +12,7 @@ from .text import score_text
 # task -> scorer(pred, ref) -> (base reward in [0, 1], components); the only list of task names
 SCORERS = {"text": score_text, "table": score_table, "formula": score_formula}
 TASKS = tuple(SCORERS)
-__all__ = ["MAX_PRED_CHARS", "TASKS", "check_task", "score", "task_problem"]  # MAX_PRED_CHARS: rewards.settings
+__all__ = ["MAX_PRED_CHARS", "TASKS", "check_task", "score", "task_problem"]  # MAX_PRED_CHARS: ocr_rewards.settings
 
 # The time of a task scorer grows with the reference as well. A longer reference is scored by the cheaper
 # `long_reference_score`; the pool and pairs readers refuse one (`check_reference`) before any scoring starts.
