@@ -19,12 +19,20 @@ ROWS = [
     ({"use_vllm": True}, "set use_vllm: false"),
     ({"top_p": 0.9}, "no top_k, top_p"),
     ({"top_k": 5}, "no top_k, top_p"),
+    ({"generation_kwargs": {"top_k": 5}}, "does not pass generation_kwargs to its exact sampler \\(got top_k\\)"),
     ({"rollout_decoder": "beam"}, "rollout_decoder must be one of")])
 def test_selfspec_rollouts_refuse_what_they_cannot_sample_exactly(tmp_path, settings, message):
     values = {"output_dir": str(tmp_path), "use_cpu": True, "use_vllm": False, "rollout_decoder": "selfspec",
               **settings}
     with pytest.raises(ConfigError, match=message):
         load_config(None, values)
+
+
+def test_rollout_seeds_differ_per_generation_call():
+    from grpo.rollouts.selfspec import rollout_seed
+
+    seeds = {rollout_seed(0, step, rank, call) for step in range(3) for rank in range(2) for call in range(4)}
+    assert len(seeds) == 3 * 2 * 4 and all(0 <= s < 2**63 for s in seeds)
 
 
 @pytest.mark.slow

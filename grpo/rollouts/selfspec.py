@@ -16,6 +16,15 @@ import torch
 from grpo.decoding.batched import BatchDecoder, Sampler
 
 
+def rollout_seed(seed: int, step: int, rank: int, call: int) -> int:
+    """The sampler seed of one generation call: distinct for each (run seed, step, rank, call number).
+
+    >>> rollout_seed(0, 3, 0, 1) != rollout_seed(0, 3, 0, 2)
+    True
+    """
+    return hash((seed, step, rank, call)) % 2**63
+
+
 def selfspec_rollouts(trainer: Any, prompt_ids: list[list[int]]) -> list[list[int]]:
     """Completion ids (stop token included) for every prompt, sampled self-speculatively by `trainer`'s policy."""
     from trl.models.utils import unwrap_model_for_generation
@@ -23,7 +32,9 @@ def selfspec_rollouts(trainer: Any, prompt_ids: list[list[int]]) -> list[list[in
     from grpo.decoding.tpf import tpf_of
 
     args, bd = trainer.args, trainer.block_diffusion
-    seed = hash((args.seed, trainer.state.global_step, trainer.accelerator.process_index)) % 2**63
+    # generation can run more than once per optimizer step (steps_per_generation, evaluation): count the calls
+    trainer.selfspec_calls = getattr(trainer, "selfspec_calls", 0) + 1
+    seed = rollout_seed(args.seed, trainer.state.global_step, trainer.accelerator.process_index, trainer.selfspec_calls)
     sampler = Sampler(args.temperature, torch.Generator().manual_seed(seed))
     inputs = [{"input_ids": torch.tensor([ids])} for ids in prompt_ids]   # the session moves them
     with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,

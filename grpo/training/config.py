@@ -165,6 +165,9 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
             if self.top_k or self.top_p < 1 or self.min_p or self.repetition_penalty != 1 or self.temperature <= 0:
                 raise ConfigError("rollout_decoder 'selfspec' samples exactly at temperature > 0 with no top_k, "
                                   "top_p, min_p or repetition_penalty: leave those at their defaults")
+            if self.generation_kwargs:
+                raise ConfigError(f"rollout_decoder 'selfspec' does not pass generation_kwargs to its exact sampler "
+                                  f"(got {', '.join(sorted(self.generation_kwargs))}): leave generation_kwargs out")
         if self.drafter_loss_weight < 0:
             raise ConfigError(f"drafter_loss_weight must be >= 0 (0 turns the drafter loss off), "
                               f"got {self.drafter_loss_weight}")
