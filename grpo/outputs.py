@@ -83,8 +83,10 @@ def protected_kind(folder: Path) -> str | None:
     return None
 
 
-def _check_place(path: Path, name: str, inputs: Iterable[str | Path], setting: str | None) -> None:
-    """Refuse `path` when it is an input, holds one or lies inside one, or lies inside a protected folder."""
+def check_place(path: Path, name: str, inputs: Iterable[str | Path], setting: str | None = None, *,
+                holding: bool = False) -> None:
+    """Refuse `path` when it is an input, holds one (unless `holding`: a folder the command only adds files to)
+    or lies inside one, or lies inside a protected folder."""
     target = path.resolve()
     for given in inputs:
         source = Path(given)
@@ -92,7 +94,7 @@ def _check_place(path: Path, name: str, inputs: Iterable[str | Path], setting: s
             continue
         source = source.resolve()
         relation = ("is" if target == source else "lies inside" if source in target.parents else
-                    "holds" if target in source.parents else None)
+                    "holds" if target in source.parents and not holding else None)
         if relation:
             raise UserError(f"{name} {path} {relation} the input {given}; choose another output", setting=setting)
     for folder in target.parents:
@@ -122,7 +124,7 @@ def output_file(value: str | Path | None, name: str, *, stamp: str, inputs: Iter
     if not path.parent.is_dir():
         raise UserError(f"{name} {text}: the folder {path.parent} does not exist (none is created)",
                         setting=setting)
-    _check_place(path, name, inputs, setting)
+    check_place(path, name, inputs, setting)
     if path.exists():
         with open(path, "rb") as f:
             ours = stamp.encode() in f.read(STAMP_BYTES)
@@ -148,7 +150,7 @@ def output_folder(value: str | Path, name: str, *, kind: str, is_own: Callable[[
         raise UserError(f"{name} {text!r}: give a folder path", setting=setting)
     if path.exists() and not path.is_dir():
         raise UserError(f"{name} {text} is a file, not a folder", setting=setting)
-    _check_place(path, name, inputs, setting)
+    check_place(path, name, inputs, setting)
     if path.is_dir() and any(path.iterdir()):
         if not is_own(path):
             raise UserError(f"{name} {text} is not empty and holds no {kind}; choose a new or empty folder",

@@ -434,6 +434,15 @@ def test_a_key_given_twice_is_named_with_its_line(here, capsys):
     refused(capsys, ["score", "--pairs", str(pairs)], "line 1", "key 'ref' appears twice", inputs=(here,))
 
 
+def test_the_dry_run_names_an_output_dir_that_is_a_file_or_inside_a_checkpoint(here, capsys):
+    recipe = str(Path(__file__).resolve().parents[1] / "configs" / "tiny_cpu.yaml")
+    (here / "notes.txt").write_text("mine")
+    refused(capsys, ["train", "--config", recipe, "--dry-run", "--output-dir", "notes.txt"],
+            "output_dir notes.txt is a file, not a folder", inputs=(here,))
+    refused(capsys, ["train", "--config", recipe, "--dry-run", "--output-dir", f"{TINY}/run"],
+            f"output_dir {TINY}/run lies inside the checkpoint folder", inputs=(Path(TINY),))
+
+
 def test_damaged_run_files_are_named_by_tpf_drift(here, capsys):
     run = here / "run"
     run.mkdir()

@@ -168,6 +168,10 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
             if self.generation_kwargs:
                 raise ConfigError(f"rollout_decoder 'selfspec' does not pass generation_kwargs to its exact sampler "
                                   f"(got {', '.join(sorted(self.generation_kwargs))}): leave generation_kwargs out")
+        if self.max_completion_length is not None and self.max_completion_length < 1:
+            raise ConfigError(f"max_completion_length must be >= 1, got {self.max_completion_length}")
+        if self.beta < 0:
+            raise ConfigError(f"beta (the KL coefficient) must be >= 0 (0 drops the reference model), got {self.beta}")
         if self.drafter_loss_weight < 0:
             raise ConfigError(f"drafter_loss_weight must be >= 0 (0 turns the drafter loss off), "
                               f"got {self.drafter_loss_weight}")

@@ -95,6 +95,16 @@ def build_as_launched(values: dict[str, Any], num_processes: int, local_hardware
         return build_config(values, source)
 
 
+def steps_per_epoch(cfg: Any, num_processes: int, pool_rows: int) -> int:
+    """Optimizer steps in one pass over `pool_rows` prompts (TRL's sampler arithmetic)."""
+    # TRL's RepeatSampler: whole groups of generation_batch_size / g prompts, each seen num_iterations x
+    # steps_per_generation times over micro-batches of per_device x processes completions.
+    g = cfg.num_generations
+    prompts = cfg.generation_batch_size // g
+    samples = (pool_rows // prompts) * prompts * g * cfg.num_iterations * cfg.steps_per_generation
+    return samples // (cfg.per_device_train_batch_size * num_processes * cfg.gradient_accumulation_steps)
+
+
 def batch_facts(cfg: Any, num_processes: int, pool_rows: int | None) -> dict[str, str]:
     """Completions per optimizer step and per generation, steps per epoch (TRL's sampler arithmetic)."""
     g = cfg.num_generations
@@ -107,11 +117,7 @@ def batch_facts(cfg: Any, num_processes: int, pool_rows: int | None) -> dict[str
         facts["per generation"] = (f"{cfg.generation_batch_size // g} prompts x {g} = {cfg.generation_batch_size} "
                                    f"completions, every {cfg.steps_per_generation} micro-batches")
     if pool_rows is not None:
-        # TRL's RepeatSampler: whole groups of generation_batch_size / g prompts, each seen num_iterations x
-        # steps_per_generation times over micro-batches of per_device x processes completions.
-        prompts = cfg.generation_batch_size // g
-        samples = (pool_rows // prompts) * prompts * g * cfg.num_iterations * cfg.steps_per_generation
-        steps = samples // (cfg.per_device_train_batch_size * num_processes * cfg.gradient_accumulation_steps)
+        steps = steps_per_epoch(cfg, num_processes, pool_rows)
         facts["steps per epoch"] = f"{steps} ({pool_rows} pool rows)"
         if cfg.max_steps > 0:
             facts["epochs"] = f"{cfg.max_steps / max(steps, 1):.2f} for max_steps {cfg.max_steps}"
@@ -153,14 +159,17 @@ def check_pool(spec: str, is_vlm: bool | None, report: PreflightReport, label: s
         return None
     if is_vlm and "image" not in ds.column_names:
         report.problems.append(f"{label} {spec}: a vision-language policy needs an image column; this pool is text-only")
+    if is_vlm is False and "image" in ds.column_names:
+        report.problems.append(f"{label} {spec}: the pool has images but the policy is text-only (it would never "
+                               "see them); use a vision-language checkpoint or a text pool")
     report.facts[label] = f"{spec}: {len(ds)} rows"
     report.pools[label] = ds
     return len(ds)
 
 
-def check_checkpoint(spec: str, need_drafter: bool, report: PreflightReport) -> bool | None:
-    """The checkpoint as loading reads it (`grpo.checkpoint.inspect_checkpoint`, no weights). Returns whether it
-    is a vision-language checkpoint (None when it cannot be read)."""
+def check_checkpoint(spec: str, need_drafter: bool, report: PreflightReport):
+    """The checkpoint as loading reads it (`grpo.checkpoint.inspect_checkpoint`, no weights); returned, or None
+    when it cannot be read."""
     from grpo.checkpoint import BD_FILE, CheckpointError, inspect_checkpoint
     from grpo.prompting import handles_images
 
@@ -180,7 +189,44 @@ def check_checkpoint(spec: str, need_drafter: bool, report: PreflightReport) -> 
         report.notes.append(f"model {source.folder}: no {BD_FILE}; fine without the TPF probe and the drafter loss")
     else:
         report.facts["drafter"] = f"B = {found.bd.bd_size}, mask_id {found.bd.mask_id}"
-    return vlm
+    return found
+
+
+def check_lengths(cfg: Any, found: Any, pools: dict[str, Any], report: PreflightReport) -> None:
+    """Rows whose prompt and `max_completion_length` do not fit in the model's positions (or vLLM's
+    `vllm_max_model_length`), named per pool (`grpo.prompting.rows_over_context`)."""
+    from grpo.checkpoint import context_length
+    from grpo.prompting import rows_over_context
+
+    limits = [n for n in (context_length(found.config),
+                          cfg.vllm_max_model_length if cfg.use_vllm else None) if n is not None]
+    for label, ds in pools.items():
+        over = rows_over_context(found.processor, ds, found.is_vlm, min(limits, default=None),
+                                 cfg.max_completion_length)
+        if over:
+            report.problems.append(f"{label}: {len(over)} row(s) longer than the context with max_completion_length "
+                                   f"{cfg.max_completion_length}: {'; '.join(over[:5])}")
+
+
+def check_outputs(cfg: Any, report: PreflightReport) -> None:
+    """The output folder: not a file, not inside an input, dataset or checkpoint (`grpo.outputs`); and every
+    `report_to` backend installed."""
+    from transformers.integrations import get_available_reporting_integrations
+
+    from grpo.errors import UserError
+    from grpo.outputs import check_place
+
+    if Path(cfg.output_dir).exists() and not Path(cfg.output_dir).is_dir():
+        report.problems.append(f"output_dir {cfg.output_dir} is a file, not a folder")
+    else:
+        try:
+            check_place(Path(cfg.output_dir), "output_dir", [cfg.pool, cfg.probe_set, cfg.model], holding=True)
+        except UserError as err:
+            report.problems.append(str(err))
+    wanted = [cfg.report_to] if isinstance(cfg.report_to, str) else list(cfg.report_to or [])
+    missing = sorted(set(wanted) - set(get_available_reporting_integrations()) - {"none", "all"})
+    if missing:
+        report.problems.append(f"report_to: {', '.join(missing)} not installed here (pip install it, or drop it)")
 
 
 def check_launch(accelerate: dict[str, Any], report: PreflightReport) -> None:
@@ -270,13 +316,24 @@ def check_run(cfg: Any, num_processes: int, *, local_hardware: bool = True, acce
     report = report if report is not None else PreflightReport()
     get = get or (lambda name: getattr(cfg, name))
     drafter = needs_drafter(get("tpf_every"), get("drafter_loss_weight"), get("rollout_decoder"))
-    is_vlm = check_checkpoint(str(get("model")), drafter, report)
+    found = check_checkpoint(str(get("model")), drafter, report)
+    is_vlm = found.is_vlm if found is not None else None
     pool_rows = check_pool(str(get("pool")), is_vlm, report, skip_bad=get("skip_bad"))
-    if get("tpf_every") > 0:
-        check_pool(str(get("probe_set")), is_vlm, report, label="probe set")
+    probe_rows = check_pool(str(get("probe_set")), is_vlm, report, label="probe set") if get("tpf_every") > 0 \
+        else None
     check_launch(accelerate or {}, report)
     if cfg is None:
         return report
+    if probe_rows is not None and probe_rows < cfg.probe_size:
+        report.problems.append(f"probe set {cfg.probe_set}: {probe_rows} rows, fewer than probe_size {cfg.probe_size}")
+    if pool_rows is not None and steps_per_epoch(cfg, num_processes, pool_rows) == 0:
+        report.problems.append(f"pool {cfg.pool}: {pool_rows} rows make 0 optimizer steps per epoch at "
+                               f"{cfg.generation_batch_size // cfg.num_generations} prompts per generation")
+    from grpo.prompting import handles_images
+
+    if found is not None and (not found.is_vlm or handles_images(found.processor)):  # else named above
+        check_lengths(cfg, found, report.pools, report)
+    check_outputs(cfg, report)
     cpu = torch_on_cpu(cfg.use_cpu, local=local_hardware)
     if local_hardware:
         check_hardware(cfg, num_processes, report)
