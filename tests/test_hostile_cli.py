@@ -453,6 +453,9 @@ def test_damaged_run_files_are_named_by_tpf_drift(here, capsys):
     (run / "run_config.json").write_text('{"model": "tiny", "probe_set": "tiny-probe"}')
     (run / "metrics.jsonl").write_text('{"step": 1}\n{half\n')
     refused(capsys, ["tpf-drift", "run"], "metrics.jsonl is damaged: line 2", inputs=(here,))
+    refused(capsys, ["tpf-drift", "run", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0",
+            inputs=(here,))
+    refused(capsys, ["tpf-drift", "run", "--out", "run/metrics.jsonl"], "is a file, not a folder", inputs=(here,))
 
 
 def test_row_images_that_would_hang_or_explode_are_named(here, capsys):

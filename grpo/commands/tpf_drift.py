@@ -27,6 +27,11 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.run_dir.is_dir():
         raise ConfigError(f"{args.run_dir}: no such run folder")
+    for flag, value in (("--probe-size", args.probe_size), ("--max-new-tokens", args.max_new_tokens)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        raise ConfigError(f"--out {args.out} is a file, not a folder")
     run_dir = RunDir(args.run_dir)
     records = remeasure_checkpoints(
         run_dir, field_default, probe_set=args.probe_set, probe_size=args.probe_size, max_new_tokens=args.max_new_tokens,
