@@ -2,8 +2,8 @@
 
 `score_many` deduplicates identical (pred, ref, task) triples, groups the rest by reference (so a
 worker parses each reference once: `ocr_rewards.table.parse_table` and the gate are cached per process),
-and scores the groups in worker processes that run `python -m ocr_rewards.worker`: they never import the
-caller's `__main__` (an unguarded script runs once) nor inherit its torch or vLLM threads. A worker that
+and scores the groups in worker processes that run the module `ocr_rewards.worker` by name: they never
+import the caller's `__main__` (an unguarded script runs once) nor inherit its torch or vLLM threads. A worker that
 cannot start or dies raises `RewardWorkerError` with its reason; it never turns into zero rewards.
 
 Bounds, so that a pathological output gets a low score and never hangs the trainer:
@@ -109,15 +109,16 @@ class RewardWorkerError(RuntimeError):
 
 
 class _Worker:
-    """One `python -m ocr_rewards.worker` process (`ocr_rewards.worker` says why not `multiprocessing`)."""
+    """One fresh Python running `ocr_rewards.worker` (`ocr_rewards.worker` says why not `multiprocessing`)."""
 
     def __init__(self):
         self.stderr = tempfile.TemporaryFile()
-        package_root = str(Path(__file__).resolve().parents[1])  # the folder that holds ocr_rewards
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root,
-                                                                           os.environ.get("PYTHONPATH")]))}
-        self.process = subprocess.Popen([sys.executable, "-m", "ocr_rewards.worker"], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=self.stderr, env=env)
+        # the module by name; the folder holding this ocr_rewards goes last on the path, so a package found the
+        # ordinary way wins and nothing shadows the standard library
+        boot = (f"import runpy, sys; sys.path.append({str(Path(__file__).resolve().parents[1])!r}); "
+                "runpy.run_module('ocr_rewards.worker', run_name='__main__')")
+        self.process = subprocess.Popen([sys.executable, "-c", boot], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=self.stderr)
         self.ready = False
 
     def serve(self, todo: queue.SimpleQueue, done: queue.SimpleQueue, settings: RewardSettings) -> None:

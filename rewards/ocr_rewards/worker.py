@@ -1,4 +1,4 @@
-"""A reward worker: `python -m ocr_rewards.worker`, scoring chunks sent over its stdin.
+"""A reward worker: a fresh Python running this module by name, scoring chunks sent over its stdin.
 
 Workers are plain subprocesses that run this module, not `multiprocessing` children: a spawned child
 imports the caller's `__main__` again (a user's TRL script without an `if __name__ == "__main__":` guard would
