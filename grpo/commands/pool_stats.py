@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 STAMP = "gravity-grpo pool-stats"  # in each file it writes (grpo.outputs)
 HELP = "validate a prompt pool and print rows per task and reference-length percentiles"

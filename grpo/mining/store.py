@@ -2,9 +2,9 @@
 
 A run killed at any point resumes from its part files when rerun with the same settings (the manifest).
 Nothing here writes over what mining did not create: OUT must be new, empty or a mining run's own folder, and
-never one of the inputs (`check_output`); every file is written to a temporary name and renamed into place
-(`atomic_write`, `publish_dataset`); a folder being rebuilt is set aside until the new one is complete
-(`set_aside`). A damaged file of a run (manifest, part, done marker) is an error naming it.
+never one of the inputs (checked by `grpo.outputs.output_folder`); every file is written to a temporary name
+and renamed into place (`grpo.outputs.atomic_write`, `publish_dataset`); a folder being rebuilt is set aside
+until the new one is complete (`grpo.outputs.set_aside`). A damaged file of a run (manifest, part, done marker) is an error naming it.
 """
 from __future__ import annotations
 
