@@ -14,13 +14,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from dataclasses import dataclass
+import re
+import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from grpo.errors import UserError
+from ocr_rewards.jsonl import read_json_object
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +31,16 @@ MASK_TOKEN = "<|mask|>"
 BD_FILE = "block_diffusion.json"
 TINY_MODEL = Path(__file__).resolve().parents[1] / "data" / "tiny" / "model"  # in the checkout (docs/spec.md)
 VLM_MODEL_TYPES = ("glm_ocr",)
+ADAPTER_CONFIG = "adapter_config.json"  # a LoRA checkpoint (peft): adapters only, merged into the base on load
+HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")  # owner/name, as the hub spells repository ids
+# What a saved checkpoint carries from its source besides the weights (GRPO writes weights and config.json):
+# drafter metadata, generation config, chat template, processor and tokenizer files. The first two are copied
+# as written even where a save wrote its own; the others only where the save wrote none.
+VERBATIM_FILES = (BD_FILE, "generation_config.json")
+METADATA_FILES = VERBATIM_FILES + (
+    "chat_template.jinja", "chat_template.json", "tokenizer.json", "tokenizer_config.json",
+    "special_tokens_map.json", "added_tokens.json", "tokenizer.model", "vocab.json", "merges.txt",
+    "processor_config.json", "preprocessor_config.json", "video_preprocessor_config.json")
 
 
 class CheckpointError(UserError, ValueError):
@@ -42,6 +55,7 @@ class BlockDiffusionConfig:
     mask_id: int
     ar_loss_weight: float = 1.0
     mask_schedule: str = "uniform"  # as docs/spec.md §2 writes it; nothing reads it (grpo.joint: t ~ U(0,1) per block)
+    source: Path | None = field(default=None, compare=False, repr=False)  # the file read; saves copy it as written
 
     def __post_init__(self) -> None:
         for name, kind in (("bd_size", int), ("mask_id", int)):
@@ -62,28 +76,36 @@ class BlockDiffusionConfig:
             raise CheckpointError(
                 f"{path} is missing: this checkpoint has no block-diffusion drafter. Make a joint checkpoint with "
                 f"grpo.checkpoint.add_mask_token + save_joint_checkpoint (or `gravity-grpo joint`).")
-        try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise CheckpointError(f"{path}: not valid JSON ({err})") from err
-        if not isinstance(raw, dict):
-            raise CheckpointError(f"{path}: expected a JSON object, got {type(raw).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
+        raw = read_json_object(path, CheckpointError)
+        check_not_looped(raw, path)
+        known = {f.name for f in dataclasses.fields(cls)} - {"source"}
         for key in ("bd_size", "mask_id"):
             if key not in raw:
                 raise CheckpointError(f"{path}: required field {key!r} is missing")
         unknown = sorted(set(raw) - known)
-        if unknown:
-            logger.warning("%s: ignoring unknown fields %s", path, unknown)
+        if unknown:  # kept in the file: a save copies it as written
+            logger.info("%s: fields %s are not read here (kept on save)", path, unknown)
         try:
-            return cls(**{k: v for k, v in raw.items() if k in known})
+            return cls(**{k: v for k, v in raw.items() if k in known}, source=path)
         except CheckpointError as err:
             raise CheckpointError(f"{path}: {err}") from err
 
     def save(self, directory: str | Path) -> Path:
+        """Write a new `block_diffusion.json` (a checkpoint made here); saves of a loaded one copy its file."""
         path = Path(directory) / BD_FILE
-        path.write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "source"}
+        path.write_text(json.dumps(fields, indent=2) + "\n")
         return path
+
+
+def check_not_looped(raw: dict, path: Path) -> None:
+    """Refuse a LoopMDM checkpoint (`loop_enabled: true`): a mid-block of decoder layers runs several times
+    with shared weights, a forward that neither transformers' GLM-OCR nor vLLM computes."""
+    if raw.get("loop_enabled"):
+        raise CheckpointError(
+            f"{path}: field 'loop_enabled' is true (LoopMDM: layers {raw.get('loop_start', '?')}.. looped up to "
+            f"{raw.get('loop_smax', '?')} times with shared weights); transformers and vLLM run each layer once, "
+            "so this package would train and measure another model: use a checkpoint trained without loop_enabled")
 
 
 @dataclass
@@ -95,21 +117,120 @@ class Checkpoint:
     bd: BlockDiffusionConfig | None
     is_vlm: bool
     path: Path
+    source: ModelSource | None = None  # where it was found (`locate`); describe() says what was loaded
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the checkpoint a user named lies, without loading it.
+
+    `folder`: the local folder named, or the hub cache's snapshot of a hub id; `base`: for a LoRA checkpoint
+    (`adapter_config.json`, no `config.json`) the folder of the base model its adapter config names, else None.
+    Metadata (`block_diffusion.json`, processor, tokenizer, generation config) is read from `folder` first, then
+    from `base`.
+    """
+
+    spec: str
+    folder: Path
+    base: Path | None = None
+    hub: bool = False
+
+    @property
+    def model_dir(self) -> Path:
+        """The folder with `config.json` and the (base) weights: what `from_pretrained` and vLLM read."""
+        return self.base or self.folder
+
+    def file(self, name: str) -> Path | None:
+        """`name` in `folder`, else in `base`; None where neither holds it."""
+        return next((d / name for d in (self.folder, self.base) if d is not None and (d / name).is_file()), None)
+
+    def folder_with(self, name: str) -> Path:
+        """The folder holding `name` (`folder` first), else `folder`: where a missing file is reported."""
+        found = self.file(name)
+        return found.parent if found is not None else self.folder
+
+    def describe(self) -> str:
+        """One line saying what was loaded, e.g. `acme/x (hub cache: /home/u/.cache/...)`."""
+        where = f"hub cache: {self.folder}" if self.hub else str(self.folder)
+        text = self.spec if self.spec == str(self.folder) else f"{self.spec} ({where})"
+        return f"LoRA adapters {text} merged into {self.base}" if self.base else text
+
+
+def locate(spec: str | Path) -> ModelSource:
+    """The one resolver of a model argument: `"tiny"` (the committed tiny default), a local folder (a full or a
+    LoRA checkpoint), or a hub id (`owner/name`) fetched through `huggingface_hub`, which honours its cache,
+    `HF_HOME` and `HF_HUB_OFFLINE`. A LoRA checkpoint's base is located the same way."""
+    text = str(spec)
+    path = TINY_MODEL if text == "tiny" else Path(spec)
+    hub = not path.exists() and HUB_ID.fullmatch(text) is not None and not text.startswith(".")
+    if hub:
+        path = _from_hub(text)
+    if not (path / "config.json").is_file():
+        if (path / ADAPTER_CONFIG).is_file():
+            source = ModelSource(text, path, base=_lora_base(path).model_dir, hub=hub)
+            _refuse_looped(source)
+            return source
+        hint = " (the tiny default is built by the joint-training stage)" if text == "tiny" else ""
+        raise CheckpointError(f"model {text!r}: no Hugging Face checkpoint at {path} (config.json missing){hint}")
+    read_json_object(path / "config.json", CheckpointError)  # a damaged one is named before any loader reads it
+    source = ModelSource(text, path, hub=hub)
+    _refuse_looped(source)
+    return source
 
 
 def resolve_model(spec: str | Path) -> Path:
-    """`"tiny"` -> the committed tiny default checkpoint (`data/tiny/model`); anything else is a folder."""
-    path = TINY_MODEL if str(spec) == "tiny" else Path(spec)
-    if not (path / "config.json").is_file():
-        hint = " (the tiny default is built by the joint-training stage)" if str(spec) == "tiny" else ""
-        raise CheckpointError(f"model {spec!r}: no Hugging Face checkpoint at {path} (config.json missing){hint}")
-    try:  # issue 17: a damaged config.json is named here, before any loader reads it
-        config = json.loads((path / "config.json").read_bytes())
-    except (OSError, ValueError) as err:
-        raise CheckpointError(f"{path / 'config.json'}: not valid JSON ({err})") from None
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{path / 'config.json'}: expected a JSON object, got {type(config).__name__}")
-    return path
+    """The folder with `config.json` of the checkpoint `spec` names (`locate(spec).model_dir`)."""
+    return locate(spec).model_dir
+
+
+def _from_hub(repo_id: str) -> Path:
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HFValidationError, HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id))
+    except (HFValidationError, HfHubHTTPError, LocalEntryNotFoundError, OSError) as err:
+        offline = " (HF_HUB_OFFLINE is set: only the cache is read)" if constants.HF_HUB_OFFLINE else ""
+        raise CheckpointError(f"model {repo_id!r}: no local folder of that name, and the hub id cannot be fetched "
+                              f"into {constants.HF_HUB_CACHE}{offline}: {type(err).__name__}: "
+                              f"{str(err).splitlines()[0]}") from None
+
+
+def _lora_base(folder: Path) -> ModelSource:
+    path = folder / ADAPTER_CONFIG
+    base = read_json_object(path, CheckpointError).get("base_model_name_or_path")
+    if not base:
+        raise CheckpointError(f"{path}: field 'base_model_name_or_path' is empty: the LoRA adapters name no base "
+                              "model to merge into")
+    source = locate(base)
+    if source.base is not None:
+        raise CheckpointError(f"{path}: the base {base!r} is itself a LoRA checkpoint; merge it first")
+    return source
+
+
+def _refuse_looped(source: ModelSource) -> None:
+    path = source.file(BD_FILE)
+    if path is None:
+        return
+    try:
+        raw = read_json_object(path, CheckpointError)
+    except CheckpointError:
+        return  # named by BlockDiffusionConfig.load where the drafter is read
+    check_not_looped(raw, path)
+
+
+def copy_metadata(source: ModelSource | str | Path, out_dir: str | Path) -> list[str]:
+    """Carry `source`'s metadata into the saved checkpoint `out_dir` (`METADATA_FILES`): `block_diffusion.json`
+    and the generation config byte for byte, the others where the save wrote none. Returns the names copied."""
+    if not isinstance(source, ModelSource):
+        source = locate(source)
+    out, copied = Path(out_dir), []
+    for name in METADATA_FILES:
+        found = source.file(name)
+        if found is not None and (name in VERBATIM_FILES or not (out / name).exists()):
+            shutil.copyfile(found, out / name)
+            copied.append(name)
+    return copied
 
 
 def tokenizer_of(processor: Any) -> Any:
@@ -120,6 +241,11 @@ def tokenizer_of(processor: Any) -> Any:
 # Where a saved processor keeps its image settings: transformers 5 writes processor_config.json (all parts in
 # one file), earlier versions and many hub checkpoints preprocessor_config.json.
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+
+
+def processor_dir(source: ModelSource) -> Path:
+    """The folder whose tokenizer (and processor) belong to `source`: the LoRA folder when it holds one."""
+    return source.folder if (source.folder / "tokenizer_config.json").is_file() else source.model_dir
 
 
 def _load_processor(path: Path, is_vlm: bool) -> Any:
@@ -143,46 +269,93 @@ def is_vlm_checkpoint(path: str | Path) -> bool:
     """`is_vlm` of the checkpoint folder `path` (its config only, no weights)."""
     from transformers import AutoConfig
 
-    return is_vlm(AutoConfig.from_pretrained(path))
+    return is_vlm(AutoConfig.from_pretrained(resolve_model(path)))
 
 
 def check_mask_id(bd: BlockDiffusionConfig, n_embed: int | None, processor: Any, path: Path) -> None:
     """Refuse a `mask_id` outside the embedding matrix (`n_embed` rows; None: unknown) or the tokenizer's
-    vocabulary."""
-    n_vocab = len(tokenizer_of(processor))
+    vocabulary, other than the id of the tokenizer's `MASK_TOKEN`, or (without one) a special token such as EOS:
+    a draft of EOS masks would read as a finished output."""
+    tokenizer = tokenizer_of(processor)
+    n_vocab = len(tokenizer)
+    where = f"{path / BD_FILE}: field 'mask_id' = {bd.mask_id}"
     if not 0 <= bd.mask_id < min(n_vocab, n_embed or n_vocab):
-        raise CheckpointError(
-            f"{path / BD_FILE}: field 'mask_id' = {bd.mask_id} is out of vocabulary "
-            f"(tokenizer has {n_vocab} tokens, embedding matrix {n_embed} rows)")
+        raise CheckpointError(f"{where} is out of vocabulary (tokenizer has {n_vocab} tokens, embedding matrix "
+                              f"{n_embed} rows)")
+    mask = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
+    if mask is not None and mask != tokenizer.unk_token_id:
+        if bd.mask_id != mask:
+            raise CheckpointError(f"{where} is not the id of the tokenizer's {MASK_TOKEN} ({mask})")
+    elif bd.mask_id in tokenizer.all_special_ids:
+        raise CheckpointError(f"{where} is the special token {tokenizer.convert_ids_to_tokens(bd.mask_id)!r}, "
+                              f"not a mask token")
+
+
+def context_length(config: Any) -> int | None:
+    """The positions of the model's text decoder (`max_position_embeddings`); None when its config does not say."""
+    return getattr(config.get_text_config(), "max_position_embeddings", None)
+
+
+@dataclass(frozen=True)
+class Inspection:
+    """A checkpoint read without its weights: what the dry run reports and loading builds on."""
+
+    source: ModelSource
+    config: Any                      # the transformers config
+    is_vlm: bool
+    processor: Any
+    bd: BlockDiffusionConfig | None  # None: no drafter file, or an unusable one where the drafter is not needed
+    drafter_note: str | None = None  # why a present drafter file is left unused
+
+
+def inspect_checkpoint(spec: str | Path, need_drafter: bool = False) -> Inspection:
+    """Config, tokenizer/processor and `block_diffusion.json` of what `spec` names (`locate`), no weights: the one
+    checkpoint inspection of the dry run and of `load_checkpoint`.
+
+    With `need_drafter=True` a missing or invalid `block_diffusion.json`, or a `mask_id` out of vocabulary,
+    raises `CheckpointError`; otherwise an absent file gives `bd=None`, and an out-of-vocabulary `mask_id`
+    `bd=None` with the reason in `drafter_note`. A malformed file is refused either way.
+    """
+    from transformers import AutoConfig
+
+    source = locate(spec)
+    bd = BlockDiffusionConfig.load(source.folder_with(BD_FILE)) \
+        if need_drafter or source.file(BD_FILE) is not None else None
+    config = AutoConfig.from_pretrained(source.model_dir)
+    vlm = is_vlm(config)
+    processor = _load_processor(processor_dir(source), vlm)
+    note = None
+    if bd is not None:
+        try:
+            check_mask_id(bd, getattr(config.get_text_config(), "vocab_size", None), processor, bd.source.parent)
+        except CheckpointError as err:
+            if need_drafter:
+                raise
+            bd, note = None, f"{err} (the drafter is not needed here; continuing without it)"
+    return Inspection(source, config, vlm, processor, bd, note)
 
 
 def load_checkpoint(spec: str | Path, need_drafter: bool = False,
                     dtype: torch.dtype = torch.float32) -> Checkpoint:
-    """Load model + tokenizer/processor + block-diffusion config from a folder (or `"tiny"`), in eval mode.
+    """Load model + tokenizer/processor + block-diffusion config of what `spec` names (`inspect_checkpoint`), in
+    eval mode; a LoRA checkpoint is merged into its base."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    With `need_drafter=True` a missing or invalid `block_diffusion.json` raises `CheckpointError`; otherwise an
-    absent file gives `bd=None`, and a `mask_id` out of vocabulary only a warning and `bd=None`.
-    """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    found = inspect_checkpoint(spec, need_drafter)
+    if found.drafter_note:
+        logger.warning("%s", found.drafter_note)
+    if found.bd is not None and need_drafter and found.bd.ar_loss_weight == 0:
+        logger.warning("%s: ar_loss_weight is 0, the AR path was not trained to verify drafts", found.bd.source)
+    source = found.source
+    auto = AutoModelForImageTextToText if found.is_vlm else AutoModelForCausalLM
+    model = auto.from_pretrained(source.model_dir, dtype=dtype)
+    if source.base is not None:
+        from peft import PeftModel
 
-    path = resolve_model(spec)
-    bd = BlockDiffusionConfig.load(path) if need_drafter or (path / BD_FILE).is_file() else None
-    config = AutoConfig.from_pretrained(path)
-    vlm = is_vlm(config)
-    auto = AutoModelForImageTextToText if vlm else AutoModelForCausalLM
-    model = auto.from_pretrained(path, dtype=dtype).eval()
-    processor = _load_processor(path, vlm)
-    if bd is not None:
-        try:
-            check_mask_id(bd, model.get_input_embeddings().num_embeddings, processor, path)
-        except CheckpointError as err:
-            if need_drafter:
-                raise
-            logger.warning("%s (the drafter is not needed here; continuing without it)", err)
-            bd = None
-    if bd is not None and need_drafter and bd.ar_loss_weight == 0:
-        logger.warning("%s: ar_loss_weight is 0, the AR path was not trained to verify drafts", path / BD_FILE)
-    return Checkpoint(model=model, processor=processor, bd=bd, is_vlm=vlm, path=path)
+        # merged weights, trainable as a plain load's (peft freezes the base it loads adapters into)
+        model = PeftModel.from_pretrained(model, source.folder).merge_and_unload().requires_grad_(True)
+    return Checkpoint(model=model.eval(), processor=found.processor, bd=found.bd, is_vlm=found.is_vlm,
+                      path=source.folder, source=source)
 
 
 def add_mask_token(model: Any, tokenizer: Any) -> int:

@@ -21,8 +21,10 @@ import argparse
 import dataclasses
 import difflib
 import logging
+import os
 import typing
 from pathlib import Path
+from collections.abc import Hashable
 from typing import Any
 
 from grpo.errors import UserError
@@ -30,6 +32,10 @@ from grpo.errors import UserError
 log = logging.getLogger(__name__)
 
 EXTENDS = "extends"  # recipe key: the recipe (path relative to this file) whose keys this one starts from
+# Recipe keys naming something to read (a checkpoint, a pool): a relative value that exists beside the recipe
+# is read there, as `extends:` is; any other value (a built-in name, a hub id) stays as written. Values given on
+# the command line stay relative to the current directory.
+INPUT_KEYS = ("model", "pool", "probe_set")
 
 
 class RenamedFlag(argparse.Action):
@@ -52,7 +58,8 @@ class ConfigError(UserError, ValueError):
 
 
 def read_recipe(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """The mapping of a YAML recipe, on top of the recipe its `extends` names (followed recursively)."""
+    """The mapping of a YAML recipe, on top of the recipe its `extends` names (followed recursively); values of
+    `INPUT_KEYS` that name a file or folder beside the recipe point there."""
     import yaml
 
     path = Path(path)
@@ -61,19 +68,48 @@ def read_recipe(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, An
     if path.resolve() in _chain:
         raise ConfigError(f"{path}: 'extends' makes a loop ({' -> '.join(str(p) for p in (*_chain, path))})")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_unique_key_loader()) or {}
+    except _DuplicateKey as err:
+        raise ConfigError(f"{path}: {err}; give each key once") from None
     except (yaml.YAMLError, UnicodeDecodeError) as err:  # a non-UTF-8 file too
         raise ConfigError(f"{path}: not valid YAML ({_yaml_problem(err)})") from err
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from err
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of config keys, got {type(raw).__name__}")
+    for key in INPUT_KEYS:
+        value = raw.get(key)
+        if isinstance(value, str) and value and not Path(value).is_absolute() and (path.parent / value).exists():
+            raw[key] = os.path.normpath(path.parent / value)
     parent = raw.pop(EXTENDS, None)
     if parent is None:
         return raw
     if not isinstance(parent, str) or not parent:
         raise ConfigError(f"{path}: '{EXTENDS}' must name one recipe file, got {parent!r}")
     return {**read_recipe(path.parent / parent, (*_chain, path.resolve())), **raw}
+
+
+class _DuplicateKey(Exception):
+    """A YAML mapping that gives a key twice (`line L: key 'k' appears twice`)."""
+
+
+def _unique_key_loader():
+    """yaml's SafeLoader, refusing a mapping that gives a key twice (it would keep the last value silently)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if not isinstance(key, Hashable):
+                    continue  # SafeLoader refuses it below, with its line
+                if key in seen:
+                    raise _DuplicateKey(f"line {key_node.start_mark.line + 1}: key {key!r} appears twice")
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return Loader
 
 
 def _yaml_problem(err) -> str:

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from grpo.decoding.tpf import tpf_of
-from grpo.evaluation import compare, stats as compare_stats
+from grpo import compare
+from grpo.evaluation import stats as compare_stats
 from grpo.training.trainer import shuffle_within_groups
 
 
@@ -99,7 +100,9 @@ def test_error_kinds_count_the_noisy_labels_greedy_writes():
     """Outputs that are the noisy labels err at every decision point they carry; the truth errs at none."""
     import random
 
-    from grpo.synthetic.world import MISLABELS, Example, generate, mislabel
+    from grpo.synthetic.crops import Example
+    from grpo.synthetic.mislabels import MISLABELS, mislabel
+    from grpo.synthetic.splits import generate
 
     rows = generate("tiny-probe", 30)
     noisy = [mislabel(random.Random(i), Example(r["task_type"], r["prompt"].split("\n", 1)[1], r["target"]), 1.0)
@@ -123,14 +126,14 @@ def test_a_finished_training_without_eval_is_only_evaluated(tmp_path, monkeypatc
     (folder / compare.TRAINED_FILE).write_text("{}")
     monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: pytest.fail("retrained a finished run"))
     seen = []
-    monkeypatch.setattr(compare, "evaluate", lambda model, base, **probe: seen.append(model) or [{"tokens": 2}])
+    monkeypatch.setattr(compare, "evaluate", lambda model, **probe: seen.append(model) or [{"tokens": 2}])
     assert compare.run_one(arm, 4, tmp_path, {}, compare.DEFAULT_PROBE, log=lambda _: None) == [{"tokens": 2}]
     assert seen == [folder / "checkpoint-80"]
     assert json.loads((folder / compare.EVAL_FILE).read_text()) == [{"tokens": 2}]
 
 
 def test_report_only_pairs_the_finished_seeds_and_writes_the_report(tmp_path, monkeypatch, capsys):
-    from grpo.synthetic.world import generate
+    from grpo.synthetic.splits import generate
     from grpo.cli import main
 
     rows = generate("tiny-probe", 6)
@@ -163,7 +166,7 @@ def test_report_only_pairs_the_finished_seeds_and_writes_the_report(tmp_path, mo
 
 def test_another_probe_reevaluates_finished_runs_into_files_named_after_it(tmp_path, monkeypatch, capsys):
     from grpo.cli import main
-    from grpo.synthetic.world import generate
+    from grpo.synthetic.splits import generate
 
     rows = generate("tiny-probe@5", 6)
     probe = tmp_path / "my probe.jsonl"
@@ -177,7 +180,7 @@ def test_another_probe_reevaluates_finished_runs_into_files_named_after_it(tmp_p
     monkeypatch.setattr(compare.RunDir, "read_config", lambda self: {"model": "tiny"})
     seen = []
 
-    def evaluate(model, base, probe_set, probe_size, max_new_tokens):
+    def evaluate(model, probe_set, probe_size, max_new_tokens):
         seen.append((str(model), probe_set, probe_size))
         forwards = 2 if Path(model).parts[-3:-2] == ("b",) else 3   # arm b's checkpoint drafts better
         return [{"index": i, "task": r["task_type"], "tokens": 9, "forwards": forwards, "ar_equal": True,

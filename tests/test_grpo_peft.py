@@ -22,7 +22,6 @@ def test_lora_grpo_engine_and_probe_use_the_adapted_weights(tmp_path):
     from vllm import SamplingParams
 
     from grpo.checkpoint import load_checkpoint
-    from grpo.evaluation.drift import load_run_policy
     from grpo.training.config import load_config
     from grpo.decoding.tpf import measure_tpf
     from grpo.training.trainer import run_training
@@ -45,7 +44,7 @@ def test_lora_grpo_engine_and_probe_use_the_adapted_weights(tmp_path):
     frozen = {name.removeprefix("base_model.model.").replace(".base_layer", ""): p
               for name, p in model.state_dict().items() if "lora_" not in name}
     assert all(torch.equal(frozen[name], base[name]) for name in base)  # LoRA: base weights untouched
-    merged = load_run_policy(summary["output_dir"] / "checkpoint-2", str(ckpt_dir))  # base + saved adapters
+    merged = load_checkpoint(summary["output_dir"] / "checkpoint-2")  # saved adapters merged into their base
     assert any(not torch.equal(p, base[name]) for name, p in merged.model.state_dict().items())
 
     # the engine serves the adapted policy after a sync (vLLM gets a merged copy)

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Literal
 
 from grpo.mining.report import write_report
-from grpo.rollouts.sampling import HfSampler, VllmSampler
-from grpo.mining.selection import INDEX, PREFER, STAT_COLUMNS, RankRule, prompt_stats, select
-from grpo.mining.store import (MiningError, MiningStore, atomic_write, check_manifest, check_output, is_empty_folder,
-                               pool_fingerprint, set_aside, temporary)
+from grpo.rollouts.sampling import INDEX, HfSampler, VllmSampler
+from grpo.mining.selection import PREFER, STAT_COLUMNS, RankRule, prompt_stats, select
+from grpo.mining.store import MiningError, MiningStore, check_manifest, pool_fingerprint
+from grpo.outputs import atomic_write, output_folder, set_aside, temporary
 from grpo.yaml_config import Fields
 from ocr_rewards.settings import RewardFields
 
@@ -52,7 +52,7 @@ class MineConfig(RewardFields):
     pool: str = field(metadata=_help("prompt pool: save_to_disk folder, .parquet, .jsonl or a built-in name"))
     output_dir: str = field(metadata=_help("output folder (a datasets folder + mining/ + report/); rerun with "
                                            "the same settings to resume"))
-    model: str = field(default="tiny", metadata=_help("checkpoint folder, or 'tiny'"))
+    model: str = field(default="tiny", metadata=_help("checkpoint: a folder (full or LoRA), a hub id, or 'tiny'"))
     num_generations: int = field(default=8, metadata=_help("rollouts per prompt (k)"))
     temperature: float = field(default=1.0, metadata=_help("sampling temperature; no nucleus / top-k "
                                                            "truncation, as in GRPO"))
@@ -138,11 +138,12 @@ def mine(cfg: MineConfig, llm=None) -> dict:
     already mined, or `cfg.hf_generate`).
     """
     from grpo.pool import load_pool
-    from grpo.checkpoint import is_vlm_checkpoint, resolve_model
+    from grpo.checkpoint import is_vlm_checkpoint, locate
 
-    pool_path = Path(cfg.pool)
-    check_output(Path(cfg.output_dir), [pool_path] if pool_path.exists() else [])
-    model_dir = resolve_model(cfg.model)
+    output_folder(cfg.output_dir, "output", kind="mining run (no mining/manifest.json)",
+                  is_own=lambda out: MiningStore(out).work.is_dir(), inputs=[cfg.pool], setting="out")
+    source = locate(cfg.model)
+    log.info("model: %s", source.describe())
     pool = load_pool(cfg.pool, skip_bad=cfg.skip_bad, index_column=INDEX)
     previous = [c for c in STAT_COLUMNS if c in pool.column_names]
     if previous:  # a mined pool mined again: its old statistics make way for the new ones
@@ -151,7 +152,7 @@ def mine(cfg: MineConfig, llm=None) -> dict:
     ds = pool.select(range(i, len(pool), n))
     run = MiningStore(cfg.output_dir)
     manifest = {key: getattr(cfg, key) for key in SAMPLING_FIELDS}
-    manifest.update(model=str(model_dir.resolve()), shard=list(cfg.shards), pool_rows=len(pool),
+    manifest.update(model=str(source.folder.resolve()), shard=list(cfg.shards), pool_rows=len(pool),
                     pool_fingerprint=pool_fingerprint(pool))
     check_manifest(run, manifest)
     for stale in run.parts.glob(".*.tmp*"):  # left by a killed run
@@ -163,16 +164,27 @@ def mine(cfg: MineConfig, llm=None) -> dict:
              len(todo))
     if todo:
         if cfg.hf_generate:
-            sampler = HfSampler(model_dir)
+            sampler = HfSampler(cfg.model)
         else:
             if llm is None:
-                from grpo.rollouts.engine import make_llm
-
-                llm = make_llm(model_dir, seed=cfg.seed, max_model_len=cfg.vllm_max_model_length,
-                               gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, dtype=cfg.dtype)
-            sampler = VllmSampler(llm, is_vlm_checkpoint(model_dir))
+                llm = _start_engine(source, cfg)
+            sampler = VllmSampler(llm, is_vlm_checkpoint(source.model_dir))
         _mine_rows(ds, todo, sampler, cfg, run, initial=len(ds) - len(todo))
     return assemble(ds, run.read_parts(), run, cfg.rank, cfg.min_std, cfg.keep, manifest)
+
+
+def _start_engine(source, cfg: MineConfig):
+    """A vLLM engine serving `source`; a LoRA checkpoint's engine starts on its base and gets the merged
+    weights (vLLM reads a folder with config.json, which a LoRA checkpoint lacks)."""
+    from grpo.rollouts.engine import make_llm, sync_weights
+
+    llm = make_llm(source.model_dir, seed=cfg.seed, max_model_len=cfg.vllm_max_model_length,
+                   gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, dtype=cfg.dtype)
+    if source.base is not None:
+        from grpo.checkpoint import load_checkpoint
+
+        sync_weights(llm, load_checkpoint(source.folder).model)
+    return llm
 
 
 def _mine_rows(ds, todo: list[int], sampler, cfg: MineConfig, run: MiningStore, initial: int) -> None:
@@ -253,10 +265,8 @@ def merge(shard_outs: list[str], out: str, overwrite: bool = False) -> dict:
 
     runs, target = [MiningStore(p) for p in shard_outs], Path(out)
     dones = [r.read_done() for r in runs]
-    check_output(target, [r.out for r in runs])
-    if not is_empty_folder(target) and not overwrite:
-        raise MiningError(f"output {target} exists and is not empty; choose a new folder, or set overwrite to "
-                          "replace it", setting="overwrite")
+    output_folder(target, "output", kind="mining output (no mining/done.json)", inputs=[r.out for r in runs],
+                  is_own=lambda out: MiningStore(out).done.is_file(), overwrite=overwrite, setting="out")
     first = dones[0]
     for run, d in zip(runs, dones):
         diff = [key for key in first["manifest"] if key != "shard" and d["manifest"].get(key) != first["manifest"][key]]

