@@ -21,7 +21,6 @@ import logging
 import math
 import os
 import queue
-import signal
 import subprocess
 import sys
 import tempfile
@@ -32,76 +31,17 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from .result import RewardResult
-from .scoring import check_task, score
+from .scoring import check_task
 from .settings import RewardSettings, settings_of
+from .bounded import TIMEOUT_SCORE, score_chunk, timed_out
 from .worker import READY, receive, send
 
 log = logging.getLogger(__name__)
 
-TIMEOUT_SCORE = 0.0   # the reward of a completion that ran out of time
 POOL_START_S = 60.0   # slack for spawning workers (imports, numba cache) in the batch deadline
 MIN_PARALLEL = 32     # smaller batches are scored in the calling process
 
 _pools: dict[int, list] = {}  # worker count -> its running `_Worker`s, reused across batches
-
-
-class _Timeout(BaseException):
-    """Raised by the alarm; a BaseException so that no `except Exception` on the way swallows it."""
-
-
-class _Alarm:
-    """A one-shot SIGALRM timer (main thread only; elsewhere it never rings) that raises `_Timeout`
-    once. `expired` stays True even when code on the way swallowed the exception (a gc callback does)."""
-
-    def __init__(self, seconds: float):
-        self.seconds, self.expired = seconds, False
-        self.usable = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
-
-    def _ring(self, signum, frame):
-        if not self.expired:
-            self.expired = True
-            raise _Timeout
-
-    def __enter__(self):
-        if self.usable:
-            self.previous = signal.signal(signal.SIGALRM, self._ring)
-            signal.setitimer(signal.ITIMER_REAL, self.seconds)
-        return self
-
-    def __exit__(self, *exc_info):
-        if self.usable:
-            try:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-            finally:
-                signal.signal(signal.SIGALRM, self.previous)
-        return False
-
-
-def _timed_out(task: str) -> RewardResult:
-    return RewardResult(TIMEOUT_SCORE, {"timeout": 1.0}, task)
-
-
-def _score_chunk(chunk: list[tuple[int, str, str, str]], settings: RewardSettings):
-    """Score (key, pred, ref, task) items; returns [(key, RewardResult)]."""
-    out = []
-    for key, pred, ref, task in chunk:
-        alarm = _Alarm(settings.timeout_s)
-        try:
-            with alarm:
-                result = score(pred, ref, task, settings)
-        except _Timeout:
-            pass
-        if alarm.expired:
-            log.warning("reward of item %d (%s) ran past %.2f s; scored %.1f", key, task, settings.timeout_s,
-                        TIMEOUT_SCORE)
-            result = _timed_out(task)
-        out.append((key, result))
-    return out
-
-
-def _warm_worker() -> None:
-    """Compile (or load from numba's disk cache) the tree-edit kernel before the first table."""
-    score("<table><tr><td>a</td></tr></table>", "<table><tr><td>b</td></tr></table>", "table")
 
 
 class RewardWorkerError(RuntimeError):
@@ -255,12 +195,12 @@ def score_many(preds: Sequence[str], refs: Sequence[str], tasks: Sequence[str],
 
     if workers == 1 or len(items) < MIN_PARALLEL:
         for chunk in _chunks(items, size=len(items) or 1):
-            collect(_score_chunk(chunk, settings))
+            collect(score_chunk(chunk, settings))
     else:
         chunks = _chunks(items, size=math.ceil(len(items) / (4 * workers)))
         deadline = time.monotonic() + timeout_s * (math.ceil(len(items) / workers) + 2) + POOL_START_S
         _score_in_workers(chunks, settings, workers, deadline, collect)
-    by_key = {key: results.get(key) or _timed_out(task) for key, _, _, task in items}
+    by_key = {key: results.get(key) or timed_out(task) for key, _, _, task in items}
     return [by_key[key] for key in index_keys]
 
 

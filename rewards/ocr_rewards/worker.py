@@ -45,16 +45,16 @@ def main() -> None:
     messages = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # a print anywhere below lands on stderr, not inside a message
     sys.stdout = sys.stderr
-    from .trl_reward import _score_chunk, _warm_worker
+    from .bounded import score_chunk, warm_up
 
-    _warm_worker()
+    warm_up()
     send(messages, READY)
     while True:
         try:
             chunk, settings = receive(sys.stdin.buffer)
         except EOFError:
             return
-        send(messages, _score_chunk(chunk, settings))
+        send(messages, score_chunk(chunk, settings))
 
 
 if __name__ == "__main__":

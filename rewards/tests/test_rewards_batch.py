@@ -7,7 +7,8 @@ import pytest
 
 from ocr_rewards import OcrReward, ocr_reward, score, score_many
 from ocr_rewards.settings import RewardSettings
-from ocr_rewards.trl_reward import MIN_PARALLEL, TIMEOUT_SCORE, completion_text
+from ocr_rewards.bounded import TIMEOUT_SCORE
+from ocr_rewards.trl_reward import MIN_PARALLEL, completion_text
 
 TABLE = "<table><tr><td>a</td><td>b</td></tr><tr><td>1</td><td>2</td></tr></table>"
 FORMULA = r"\frac{a}{b} + c"
