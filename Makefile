@@ -7,7 +7,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export VLLM_CPU_OMP_THREADS_BIND ?= nobind
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup path-check test test-fast demo bench clean gpu-check
+.PHONY: setup path-check test test-fast demo bench clean gpu-wheels gpu-check gpu-rehearsal gpu-tests
 
 setup: path-check $(STAMP)
 
@@ -36,14 +36,29 @@ $(STAMP): pyproject.toml rewards/pyproject.toml constraints-cpu.txt grpo/torchvi
 	$(PY) -c "import torchvision, transformers.models.glm46v.processing_glm46v, vllm.model_executor.models.glm_ocr"
 	touch $(STAMP)
 
-# One check for the first machine with a CUDA GPU (issue 19, at most 8 minutes on one H200): the GPU tests,
-# single-process ZeRO-3 launches, prompt identity; report in runs/gpu-check. Without CUDA: one line, exit 0.
+# The GPU check for the lent H200, which has no network (docs/gpu.md). `make gpu-wheels` here fills the git-ignored
+# .whl/ with what its image lacks (gpu/wheels.txt); `make gpu-check` there installs .whl/ offline into a temporary
+# folder and runs every step from the checkout with the image's python3 (report.json and steps.log in $OUT, else
+# runs/gpu-check); `make gpu-rehearsal` runs the same check here on CPU, in a throwaway environment of the image's
+# packages (runs/gpu-rehearsal).
+gpu-wheels:
+	python3 gpu/wheels.py
+
 gpu-check:
-	@if ! command -v nvidia-smi >/dev/null 2>&1; then echo "gpu-check: skipped, no CUDA GPU on this machine (nvidia-smi not found)"; exit 0; fi; \
-	$(MAKE) --no-print-directory setup && mkdir -p runs/gpu-check && \
-	GPU_CHECK_DIR=runs/gpu-check timeout 480 $(PY) -m pytest -m gpu -q -rA tests/test_gpu.py \
-	  --junitxml=runs/gpu-check/junit.xml >runs/gpu-check/pytest.log 2>&1; rc=$$?; \
-	tail -n 40 runs/gpu-check/pytest.log; exit $$rc
+	python3 -m grpo.gpu_check --device cuda --wheels .whl
+
+gpu-rehearsal:
+	python3 gpu/rehearsal.py
+
+# On a GPU machine with network: the full GPU stack (`make setup` with nvidia-smi: CUDA vLLM, DeepSpeed,
+# bitsandbytes) and tests/test_gpu.py (CUDA vLLM, TRL's weight sync, ZeRO-3 with 8-bit AdamW; at most 8 minutes
+# on one H200), report in runs/gpu-tests. Without CUDA: one line, exit 0.
+gpu-tests:
+	@if ! command -v nvidia-smi >/dev/null 2>&1; then echo "gpu-tests: skipped, no CUDA GPU on this machine (nvidia-smi not found)"; exit 0; fi; \
+	$(MAKE) --no-print-directory setup && mkdir -p runs/gpu-tests && \
+	GPU_CHECK_DIR=runs/gpu-tests timeout 480 $(PY) -m pytest -m gpu -q -rA tests/test_gpu.py \
+	  --junitxml=runs/gpu-tests/junit.xml >runs/gpu-tests/pytest.log 2>&1; rc=$$?; \
+	tail -n 40 runs/gpu-tests/pytest.log; exit $$rc
 
 # Tests and the demo use only what this checkout holds: the hub is off for them alone.
 test: setup

@@ -6,7 +6,7 @@
 2. Wall time of `ocr_reward` on a GRPO step's worth of table completions: 24 references of ~1,900
    characters x 28 noisy predictions = 672 completions (docs/spec.md §7), with the default worker pool (cold:
    includes spawning the workers; warm: a second step with new references) and in one process.
-3. Hostile floods (issue 17): `normalize_formula`, and one whole `score`, on 8,192 and 65,536 characters of
+3. Hostile floods: `normalize_formula`, and one whole `score`, on 8,192 and 65,536 characters of
    one repeated opening (`\\[`, `\\tag{`, ...) beside an ordinary formula of the same length: the ratio to
    the ordinary input, and the growth from 8,192 to 65,536 characters (8x for linear time, 64x quadratic).
 
@@ -181,7 +181,7 @@ FLOOD_SIZES = (8_192, 65_536)
 FLOOD_REF = {"formula": "x^{2}", "text": "hello world", "table": "<table><tr><td>a</td></tr></table>"}
 NORMALIZERS = {"formula": normalize_formula, "text": normalize_text,
                "table": lambda text: normalize_table_html("<table>" + text + "</table>")}
-# OmniDocBench's formula regexes as they were used before issue 17, for the comparison column
+# OmniDocBench's formula regexes as published (backtracking), for the comparison column
 UPSTREAM_BODY = re.compile(r"\\\[(.+?)(?<!\\)\\\]")
 UPSTREAM_DROPPED = [re.compile(p) for p in (r"\\tag\{.*?\}", r"\\hspace\{.*?\}", r"\\begin\{.*?\}",
                                              r"\\end\{.*?\}", r"\\arraycolsep.*?\}")]

@@ -12,7 +12,7 @@ place going to the next prompt. The decoders take turns, pass by pass (the order
 the machine hits all of them.
 On random weights TPF ~ 1 is expected and says nothing; use a joint-trained checkpoint.
 
-    python benchmarks/selfspec_bench.py --model tiny --data tiny-probe --batch-size 16 --threads 1
+    python benchmarks/selfspec_bench.py --model tiny --pool tiny-probe --batch-size 16 --threads 1
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import torch
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny")
-    parser.add_argument("--data", default="tiny-probe", help="prompt pool (as for gravity-grpo tpf)")
+    parser.add_argument("--pool", default="tiny-probe", help="prompt pool (as for gravity-grpo tpf)")
     parser.add_argument("--limit", type=int, default=None, help="first N prompts (default: all)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=2, help="passes over the prompts (wall times summed)")
@@ -45,6 +45,7 @@ def main() -> None:
     from grpo.checkpoint import load_checkpoint, tokenizer_of
     from grpo.decoding.batched import BatchDecoder
     from grpo.decoding.kv_session import stop_token_ids
+    from grpo.decoding.tpf import tpf_of
     from grpo.prompting import encode_prompt
 
     ckpt = load_checkpoint(args.model, need_drafter=True, dtype=getattr(torch, args.dtype))
@@ -52,7 +53,7 @@ def main() -> None:
         raise SystemExit("this benchmark batches text prompts for HF generate; use a text checkpoint")
     model = ckpt.model.to(args.device)
     tokenizer = tokenizer_of(ckpt.processor)
-    pool = load_pool(args.data)
+    pool = load_pool(args.pool)
     pool = pool.select(range(min(args.limit or len(pool), len(pool))))
     bd_size = args.bd_size or ckpt.bd.bd_size
     stops = stop_token_ids(model, tokenizer)
@@ -91,7 +92,7 @@ def main() -> None:
     decoders = {"HF generate b1": hf_batches(1), f"HF generate b{n}": hf_batches(n), "self-spec b1": spec(1),
                 f"self-spec b{n}": spec(n)}
     encoded = [encode_prompt(ckpt.processor, row, False) for row in pool]
-    totals = {name: {"wall": 0.0, "cpu": 0.0, "tokens": 0, "after_x0": 0, "forwards": 0, "equal": 0}
+    totals = {name: {"wall": 0.0, "cpu": 0.0, "tokens": 0, "records": [], "equal": 0}
               for name in decoders}
     for name, decode in decoders.items():
         decode(encoded[:2])  # warm-up (allocator, kernels)
@@ -110,19 +111,19 @@ def main() -> None:
                 t["cpu"] += time.process_time() - cpu
                 outputs[name] = [tokens for tokens, _ in results]
                 t["tokens"] += sum(len(tokens) for tokens, _ in results)
-                t["after_x0"] += sum(len(tokens) - 1 for tokens, _ in results)
-                t["forwards"] += sum(f or 0 for _, f in results)
+                t["records"] += [{"tokens": len(tokens), "forwards": f} for tokens, f in results if f is not None]
             for name in names:
                 totals[name]["equal"] += sum(a == b for a, b in zip(outputs[name], outputs["HF generate b1"]))
 
     count = len(encoded) * args.repeats
-    table = Table(title=f"{ckpt.path} on {args.data}: {len(encoded)} prompts x {args.repeats}, B={bd_size}, "
+    table = Table(title=f"{ckpt.path} on {args.pool}: {len(encoded)} prompts x {args.repeats}, B={bd_size}, "
                         f"{args.dtype}, {args.device}, {torch.get_num_threads()} thread(s), max {args.max_new_tokens}")
     for column in ("decoder", "wall s", "CPU s", "tokens", "forwards", "TPF", "tok/s", "= HF b1"):
         table.add_column(column, justify="left" if column == "decoder" else "right")
     for name, t in totals.items():
-        tpf = f"{t['after_x0'] / t['forwards']:.2f}" if t["forwards"] else "-"
-        table.add_row(name, f"{t['wall']:.2f}", f"{t['cpu']:.2f}", str(t["tokens"]), str(t["forwards"] or "-"), tpf,
+        tpf, forwards = tpf_of(t["records"]), sum(r["forwards"] for r in t["records"])
+        table.add_row(name, f"{t['wall']:.2f}", f"{t['cpu']:.2f}", str(t["tokens"]), str(forwards or "-"),
+                      "-" if tpf is None else f"{tpf:.2f}",
                       f"{t['tokens'] / t['wall']:.1f}", f"{t['equal']}/{count}")
     console = Console()
     console.print(table)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from grpo.errors import UserError
+from ocr_rewards.jsonl import read_json_object
 
 logger = logging.getLogger(__name__)
 
@@ -75,12 +76,7 @@ class BlockDiffusionConfig:
             raise CheckpointError(
                 f"{path} is missing: this checkpoint has no block-diffusion drafter. Make a joint checkpoint with "
                 f"grpo.checkpoint.add_mask_token + save_joint_checkpoint (or `gravity-grpo joint`).")
-        try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise CheckpointError(f"{path}: not valid JSON ({err})") from err
-        if not isinstance(raw, dict):
-            raise CheckpointError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+        raw = read_json_object(path, CheckpointError)
         check_not_looped(raw, path)
         known = {f.name for f in dataclasses.fields(cls)} - {"source"}
         for key in ("bd_size", "mask_id"):
@@ -176,12 +172,7 @@ def locate(spec: str | Path) -> ModelSource:
             return source
         hint = " (the tiny default is built by the joint-training stage)" if text == "tiny" else ""
         raise CheckpointError(f"model {text!r}: no Hugging Face checkpoint at {path} (config.json missing){hint}")
-    try:  # issue 17: a damaged config.json is named here, before any loader reads it
-        config = json.loads((path / "config.json").read_bytes())
-    except (OSError, ValueError) as err:
-        raise CheckpointError(f"{path / 'config.json'}: not valid JSON ({err})") from None
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{path / 'config.json'}: expected a JSON object, got {type(config).__name__}")
+    read_json_object(path / "config.json", CheckpointError)  # a damaged one is named before any loader reads it
     source = ModelSource(text, path, hub=hub)
     _refuse_looped(source)
     return source
@@ -207,10 +198,7 @@ def _from_hub(repo_id: str) -> Path:
 
 def _lora_base(folder: Path) -> ModelSource:
     path = folder / ADAPTER_CONFIG
-    try:
-        base = json.loads(path.read_text()).get("base_model_name_or_path")
-    except (OSError, ValueError, AttributeError) as err:
-        raise CheckpointError(f"{path}: not a valid adapter config ({err})") from None
+    base = read_json_object(path, CheckpointError).get("base_model_name_or_path")
     if not base:
         raise CheckpointError(f"{path}: field 'base_model_name_or_path' is empty: the LoRA adapters name no base "
                               "model to merge into")
@@ -225,11 +213,10 @@ def _refuse_looped(source: ModelSource) -> None:
     if path is None:
         return
     try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError):
+        raw = read_json_object(path, CheckpointError)
+    except CheckpointError:
         return  # named by BlockDiffusionConfig.load where the drafter is read
-    if isinstance(raw, dict):
-        check_not_looped(raw, path)
+    check_not_looped(raw, path)
 
 
 def copy_metadata(source: ModelSource | str | Path, out_dir: str | Path) -> list[str]:
@@ -287,50 +274,88 @@ def is_vlm_checkpoint(path: str | Path) -> bool:
 
 def check_mask_id(bd: BlockDiffusionConfig, n_embed: int | None, processor: Any, path: Path) -> None:
     """Refuse a `mask_id` outside the embedding matrix (`n_embed` rows; None: unknown) or the tokenizer's
-    vocabulary."""
-    n_vocab = len(tokenizer_of(processor))
+    vocabulary, other than the id of the tokenizer's `MASK_TOKEN`, or (without one) a special token such as EOS:
+    a draft of EOS masks would read as a finished output."""
+    tokenizer = tokenizer_of(processor)
+    n_vocab = len(tokenizer)
+    where = f"{path / BD_FILE}: field 'mask_id' = {bd.mask_id}"
     if not 0 <= bd.mask_id < min(n_vocab, n_embed or n_vocab):
-        raise CheckpointError(
-            f"{path / BD_FILE}: field 'mask_id' = {bd.mask_id} is out of vocabulary "
-            f"(tokenizer has {n_vocab} tokens, embedding matrix {n_embed} rows)")
+        raise CheckpointError(f"{where} is out of vocabulary (tokenizer has {n_vocab} tokens, embedding matrix "
+                              f"{n_embed} rows)")
+    mask = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
+    if mask is not None and mask != tokenizer.unk_token_id:
+        if bd.mask_id != mask:
+            raise CheckpointError(f"{where} is not the id of the tokenizer's {MASK_TOKEN} ({mask})")
+    elif bd.mask_id in tokenizer.all_special_ids:
+        raise CheckpointError(f"{where} is the special token {tokenizer.convert_ids_to_tokens(bd.mask_id)!r}, "
+                              f"not a mask token")
 
 
-def load_checkpoint(spec: str | Path, need_drafter: bool = False,
-                    dtype: torch.dtype = torch.float32) -> Checkpoint:
-    """Load model + tokenizer/processor + block-diffusion config of what `spec` names (`locate`), in eval mode;
-    a LoRA checkpoint is merged into its base.
+def context_length(config: Any) -> int | None:
+    """The positions of the model's text decoder (`max_position_embeddings`); None when its config does not say."""
+    return getattr(config.get_text_config(), "max_position_embeddings", None)
 
-    With `need_drafter=True` a missing or invalid `block_diffusion.json` raises `CheckpointError`; otherwise an
-    absent file gives `bd=None`, and a `mask_id` out of vocabulary only a warning and `bd=None`.
+
+@dataclass(frozen=True)
+class Inspection:
+    """A checkpoint read without its weights: what the dry run reports and loading builds on."""
+
+    source: ModelSource
+    config: Any                      # the transformers config
+    is_vlm: bool
+    processor: Any
+    bd: BlockDiffusionConfig | None  # None: no drafter file, or an unusable one where the drafter is not needed
+    drafter_note: str | None = None  # why a present drafter file is left unused
+
+
+def inspect_checkpoint(spec: str | Path, need_drafter: bool = False) -> Inspection:
+    """Config, tokenizer/processor and `block_diffusion.json` of what `spec` names (`locate`), no weights: the one
+    checkpoint inspection of the dry run and of `load_checkpoint`.
+
+    With `need_drafter=True` a missing or invalid `block_diffusion.json`, or a `mask_id` out of vocabulary,
+    raises `CheckpointError`; otherwise an absent file gives `bd=None`, and an out-of-vocabulary `mask_id`
+    `bd=None` with the reason in `drafter_note`. A malformed file is refused either way.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers import AutoConfig
 
     source = locate(spec)
     bd = BlockDiffusionConfig.load(source.folder_with(BD_FILE)) \
         if need_drafter or source.file(BD_FILE) is not None else None
     config = AutoConfig.from_pretrained(source.model_dir)
     vlm = is_vlm(config)
-    auto = AutoModelForImageTextToText if vlm else AutoModelForCausalLM
+    processor = _load_processor(processor_dir(source), vlm)
+    note = None
+    if bd is not None:
+        try:
+            check_mask_id(bd, getattr(config.get_text_config(), "vocab_size", None), processor, bd.source.parent)
+        except CheckpointError as err:
+            if need_drafter:
+                raise
+            bd, note = None, f"{err} (the drafter is not needed here; continuing without it)"
+    return Inspection(source, config, vlm, processor, bd, note)
+
+
+def load_checkpoint(spec: str | Path, need_drafter: bool = False,
+                    dtype: torch.dtype = torch.float32) -> Checkpoint:
+    """Load model + tokenizer/processor + block-diffusion config of what `spec` names (`inspect_checkpoint`), in
+    eval mode; a LoRA checkpoint is merged into its base."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    found = inspect_checkpoint(spec, need_drafter)
+    if found.drafter_note:
+        logger.warning("%s", found.drafter_note)
+    if found.bd is not None and need_drafter and found.bd.ar_loss_weight == 0:
+        logger.warning("%s: ar_loss_weight is 0, the AR path was not trained to verify drafts", found.bd.source)
+    source = found.source
+    auto = AutoModelForImageTextToText if found.is_vlm else AutoModelForCausalLM
     model = auto.from_pretrained(source.model_dir, dtype=dtype)
     if source.base is not None:
         from peft import PeftModel
 
         # merged weights, trainable as a plain load's (peft freezes the base it loads adapters into)
         model = PeftModel.from_pretrained(model, source.folder).merge_and_unload().requires_grad_(True)
-    model.eval()
-    path = source.folder
-    processor = _load_processor(processor_dir(source), vlm)
-    if bd is not None:
-        try:
-            check_mask_id(bd, model.get_input_embeddings().num_embeddings, processor, bd.source.parent)
-        except CheckpointError as err:
-            if need_drafter:
-                raise
-            logger.warning("%s (the drafter is not needed here; continuing without it)", err)
-            bd = None
-    if bd is not None and need_drafter and bd.ar_loss_weight == 0:
-        logger.warning("%s: ar_loss_weight is 0, the AR path was not trained to verify drafts", bd.source)
-    return Checkpoint(model=model, processor=processor, bd=bd, is_vlm=vlm, path=path, source=source)
+    return Checkpoint(model=model.eval(), processor=found.processor, bd=found.bd, is_vlm=found.is_vlm,
+                      path=source.folder, source=source)
 
 
 def add_mask_token(model: Any, tokenizer: Any) -> int:

@@ -5,7 +5,7 @@ Command modules import heavy libraries (torch, vLLM) inside `run`, so `--help` s
 
 `main` is the one boundary between people and the library (`ocr_rewards.cli.boundary`): a `UserError` from any
 command becomes one `error: ...` line on stderr and exit code 2 (its traceback only with `-v`, which goes before
-or after the subcommand), Ctrl-C exit 130, a crash exit 3. Argparse's own usage errors exit 2 as well.
+or after the subcommand), Ctrl-C exit 130, a crash exit 70. Argparse's own usage errors exit 2 as well.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 A pool is a `datasets` dataset with columns `prompt`, `target`, `task_type` and, for vision-language
 policies, `image`. It can be a `save_to_disk` folder, a `.parquet` file, a `.jsonl` file or a built-in
-synthetic split name (`grpo.synthetic.world.split_of`: `tiny`, `tiny-probe`, a fresh probe `tiny-probe@SEED`,
+synthetic split name (`grpo.synthetic.splits.split_of`: `tiny`, `tiny-probe`, a fresh probe `tiny-probe@SEED`,
 ...). In a jsonl file `image` is a path relative to the file, or `{"bytes": "<base64>"}`, or absent / null
 for text-only pools.
 
@@ -21,13 +21,12 @@ from __future__ import annotations
 import base64
 import glob
 import io
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from grpo.errors import MissingFileError, UserError
-from ocr_rewards.jsonl import read_lines
+from ocr_rewards.jsonl import read_json_object, read_lines
 from ocr_rewards.scoring import check_reference, task_problem
 
 log = logging.getLogger(__name__)
@@ -140,13 +139,14 @@ def _read(spec: str):
             ds = next(iter(ds.values()))
         return ds, path, [], None
     if path.suffix in (".parquet", ".jsonl"):
+        if path.exists() and not path.is_file():
+            raise PoolError(spec, "not a regular file")
         if not path.is_file():
             raise MissingFileError(f"prompt pool {spec}: no such file")
         if path.suffix == ".parquet":
             return _read_parquet(path, spec), path.parent, [], None
         return _read_jsonl(path)
-    from grpo.synthetic.world import FRESH_PROBE, SPLITS, build_split, is_builtin
-
+    from grpo.synthetic.splits import FRESH_PROBE, SPLITS, build_split, is_builtin
     if is_builtin(spec):
         return build_split(spec), Path.cwd(), [], None
     raise PoolError(spec, f"not found; expected {FORMATS} ({', '.join(SPLITS)}, or {FRESH_PROBE}@SEED)")
@@ -182,12 +182,7 @@ def read_dataset_folder(path: Path, what: str, expected: str = FORMATS):
                         f"dataset; expected {expected}")
     for marker in markers:
         if marker.is_file():
-            try:
-                value = json.loads(marker.read_bytes())
-            except ValueError as err:
-                raise UserError(f"{what}: {marker} is damaged (not JSON: {err})") from None
-            if not isinstance(value, dict):
-                raise UserError(f"{what}: {marker} is damaged (not a JSON object)")
+            read_json_object(marker, PoolError)
     # datasets writes the cache files of later transforms (select, map, flatten) beside the arrow files it
     # read: into the user's folder. Without its cache they go to a temporary folder, removed at exit.
     disable_caching()
@@ -330,10 +325,15 @@ def _image_problem(value, base_dir: Path) -> str | None:
     if cell.get("error"):
         return cell["error"]
     try:
-        with Image.open(_image_source(cell, base_dir)) as image:
+        source = _image_source(cell, base_dir)
+        if isinstance(source, Path) and source.exists() and not source.is_file():
+            return f"image is not a regular file: {cell['path']}"  # a fifo or a device would block the read
+        with Image.open(source) as image:
             image.load()
     except FileNotFoundError:
         return f"image file not found: {cell['path']}"
+    except Image.DecompressionBombError as err:
+        return f"image too large ({cell['path'] or 'bytes'}): {err}"
     except (UnidentifiedImageError, OSError, ValueError) as err:
         return f"unreadable image ({cell['path'] or 'bytes'}): {err}"
     return None

@@ -49,6 +49,11 @@ def user_turn(prompt: str, image: Any = None, image_part: str = "image") -> list
     return [{"role": "user", "content": [{"type": image_part, image_part: image}, {"type": "text", "text": prompt}]}]
 
 
+def handles_images(processor: Any) -> bool:
+    """Whether `processor` turns images into model inputs (a GLM-OCR processor, not a bare tokenizer)."""
+    return hasattr(processor, "image_processor")
+
+
 def encode_prompt(processor: Any, row: Mapping[str, Any], is_vlm: bool) -> dict[str, torch.Tensor]:
     """Model inputs (batch of one, tensors) for one pool row."""
     prompt = _field(row, "prompt")
@@ -57,9 +62,23 @@ def encode_prompt(processor: Any, row: Mapping[str, Any], is_vlm: bool) -> dict[
     if not is_vlm:
         tokenizer = getattr(processor, "tokenizer", processor)
         return dict(tokenizer(prompt, return_tensors="pt"))
-    if not hasattr(processor, "image_processor"):
+    if not handles_images(processor):
         raise ValueError("encoding an image prompt needs the model's processor (with its image processor), "
                          f"got {type(processor).__name__}")
     messages = user_turn(prompt, load_image(_field(row, "image")))
     return dict(processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                               return_dict=True, return_tensors="pt"))
+
+
+def rows_over_context(processor: Any, rows: Any, is_vlm: bool, positions: int | None, max_new_tokens: int) -> list[str]:
+    """`row N: T prompt tokens + M new > P positions` for each row whose prompt and output cap do not fit in the
+    model's `positions` (None: unknown, nothing to check); the one check of prompt length, for `tpf` and the
+    dry run."""
+    if positions is None:
+        return []
+    over = []
+    for index, row in enumerate(rows):
+        length = encode_prompt(processor, row, is_vlm)["input_ids"].shape[-1]
+        if length + max_new_tokens > positions:
+            over.append(f"row {index}: {length} prompt tokens + {max_new_tokens} new > {positions} positions")
+    return over

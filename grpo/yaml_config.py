@@ -24,6 +24,7 @@ import logging
 import os
 import typing
 from pathlib import Path
+from collections.abc import Hashable
 from typing import Any
 
 from grpo.errors import UserError
@@ -67,7 +68,9 @@ def read_recipe(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, An
     if path.resolve() in _chain:
         raise ConfigError(f"{path}: 'extends' makes a loop ({' -> '.join(str(p) for p in (*_chain, path))})")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_unique_key_loader()) or {}
+    except _DuplicateKey as err:
+        raise ConfigError(f"{path}: {err}; give each key once") from None
     except (yaml.YAMLError, UnicodeDecodeError) as err:  # a non-UTF-8 file too
         raise ConfigError(f"{path}: not valid YAML ({_yaml_problem(err)})") from err
     except UnicodeDecodeError as err:
@@ -84,6 +87,29 @@ def read_recipe(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, An
     if not isinstance(parent, str) or not parent:
         raise ConfigError(f"{path}: '{EXTENDS}' must name one recipe file, got {parent!r}")
     return {**read_recipe(path.parent / parent, (*_chain, path.resolve())), **raw}
+
+
+class _DuplicateKey(Exception):
+    """A YAML mapping that gives a key twice (`line L: key 'k' appears twice`)."""
+
+
+def _unique_key_loader():
+    """yaml's SafeLoader, refusing a mapping that gives a key twice (it would keep the last value silently)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if not isinstance(key, Hashable):
+                    continue  # SafeLoader refuses it below, with its line
+                if key in seen:
+                    raise _DuplicateKey(f"line {key_node.start_mark.line + 1}: key {key!r} appears twice")
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return Loader
 
 
 def _yaml_problem(err) -> str:

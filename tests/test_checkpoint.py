@@ -77,7 +77,7 @@ def test_invalid_fields_are_named(tmp_path, content, field):
 
 def test_bad_json_names_the_file(tmp_path):
     (tmp_path / BD_FILE).write_text("{bd_size: 8")
-    with pytest.raises(CheckpointError, match=f"{BD_FILE}: not valid JSON"):
+    with pytest.raises(CheckpointError, match=f"{BD_FILE}: not JSON"):
         BlockDiffusionConfig.load(tmp_path)
 
 

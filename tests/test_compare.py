@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from grpo.decoding.tpf import tpf_of
-from grpo.evaluation import compare, stats as compare_stats
+from grpo import compare
+from grpo.evaluation import stats as compare_stats
 from grpo.training.trainer import shuffle_within_groups
 
 
@@ -99,7 +100,9 @@ def test_error_kinds_count_the_noisy_labels_greedy_writes():
     """Outputs that are the noisy labels err at every decision point they carry; the truth errs at none."""
     import random
 
-    from grpo.synthetic.world import MISLABELS, Example, generate, mislabel
+    from grpo.synthetic.crops import Example
+    from grpo.synthetic.mislabels import MISLABELS, mislabel
+    from grpo.synthetic.splits import generate
 
     rows = generate("tiny-probe", 30)
     noisy = [mislabel(random.Random(i), Example(r["task_type"], r["prompt"].split("\n", 1)[1], r["target"]), 1.0)
@@ -130,7 +133,7 @@ def test_a_finished_training_without_eval_is_only_evaluated(tmp_path, monkeypatc
 
 
 def test_report_only_pairs_the_finished_seeds_and_writes_the_report(tmp_path, monkeypatch, capsys):
-    from grpo.synthetic.world import generate
+    from grpo.synthetic.splits import generate
     from grpo.cli import main
 
     rows = generate("tiny-probe", 6)
@@ -163,7 +166,7 @@ def test_report_only_pairs_the_finished_seeds_and_writes_the_report(tmp_path, mo
 
 def test_another_probe_reevaluates_finished_runs_into_files_named_after_it(tmp_path, monkeypatch, capsys):
     from grpo.cli import main
-    from grpo.synthetic.world import generate
+    from grpo.synthetic.splits import generate
 
     rows = generate("tiny-probe@5", 6)
     probe = tmp_path / "my probe.jsonl"

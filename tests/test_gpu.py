@@ -1,4 +1,4 @@
-"""The GPU check (issues 13 and 19), for the first machine with CUDA: `make gpu-check` (or `pytest -m gpu`;
+"""The GPU tests (issues 13 and 19), for a GPU machine with network: `make gpu-tests` (or `pytest -m gpu`;
 skipped without a GPU). Sized for at most 8 minutes on one H200; every engine starts eagerly.
 
 - In-process smoke runs: two GRPO steps with CUDA vLLM in colocate mode and TRL's own weight sync (no CPU

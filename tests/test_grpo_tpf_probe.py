@@ -9,8 +9,9 @@ import pytest
 from transformers import TrainerControl
 
 from grpo.training.config import load_config
-from grpo.evaluation.drift import drift_records, held_out_change, paired_interval, probe_metrics
-from grpo.training.run_dir import DRIFT_JSONL, DRIFT_PNG, RunDir
+from grpo.evaluation.drift import drift_records, held_out_change, probe_metrics
+from grpo.evaluation.stats import paired_interval
+from grpo.evaluation.run_dir import DRIFT_JSONL, DRIFT_PNG, RunDir
 from grpo.evaluation.probe import TpfProbeCallback
 
 STATS = {"tpf": 3.2, "tpf_bench": 3.0, "accepted_per_round": 4.5, "ar_equal_rate": 1.0, "ar_compared": 6, "n": 6,

@@ -49,7 +49,8 @@ def _shards(folder: Path, n: int = 2, rows: int = 6) -> list[Path]:
     """Finished `mine --shard I/N` outputs of the first `rows` rows of the tiny pool, without a model."""
     from grpo.pool import load_pool
     from grpo.mining.miner import assemble
-    from grpo.mining.selection import INDEX, RankRule
+    from grpo.mining.selection import RankRule
+    from grpo.rollouts.sampling import INDEX
     from grpo.mining.store import MiningStore
 
     pool = load_pool("tiny", index_column=INDEX).select(range(rows))
@@ -83,24 +84,30 @@ def test_merge_refuses_an_input_as_its_output(here, shards, capsys):
     assert not (shards[1] / "merged").exists()
 
 
-def test_merge_refuses_an_existing_dataset_unless_overwrite(here, shards, capsys):
+def test_merge_replaces_only_its_own_output_and_only_with_overwrite(here, shards, capsys):
     from datasets import Dataset, load_from_disk
 
     s0, s1 = map(str, shards)
     Dataset.from_dict({"prompt": ["mine"], "target": ["t"], "task_type": ["text"]}).save_to_disk("mypool")
-    refused(capsys, ["mine-merge", s0, s1, "--out", "mypool"], "output mypool exists and is not empty",
-             "(flag --overwrite)", inputs=(here,))
+    (here / "notes").mkdir()
+    (here / "notes" / "todo.txt").write_text("my notes")
+    for folder in ("mypool", "notes"):
+        for extra in ([], ["--overwrite"]):
+            refused(capsys, ["mine-merge", s0, s1, "--out", folder, *extra],
+                    f"output {folder} is not empty and holds no mining output", "(flag --out)", inputs=(here,))
     assert load_from_disk("mypool")["prompt"] == ["mine"]
-    _accepted(capsys, ["mine-merge", s0, s1, "--out", "fresh"], inputs=tuple(shards))
-    _accepted(capsys, ["mine-merge", s0, s1, "--out", "mypool", "--overwrite"], inputs=tuple(shards))
-    assert load_from_disk("mypool")["pool_index"] == load_from_disk("fresh")["pool_index"]
-    assert sorted(load_from_disk("mypool")["pool_index"]) == list(range(6))
+    _accepted(capsys, ["mine-merge", s0, s1, "--out", "merged"], inputs=tuple(shards))
+    refused(capsys, ["mine-merge", s0, s1, "--out", "merged"], "output merged exists and is not empty",
+            "(flag --overwrite)", inputs=(here,))
+    before = load_from_disk("merged")["pool_index"]
+    _accepted(capsys, ["mine-merge", s0, s1, "--out", "merged", "--overwrite"], inputs=tuple(shards))
+    assert load_from_disk("merged")["pool_index"] == before and sorted(before) == list(range(6))
     assert not [p for p in here.iterdir() if p.name.startswith(".")]  # no temporary folder left behind
 
 
 def _damage_done(s0: Path) -> str:
     (s0 / "mining" / "done.json").write_text("{half")
-    return f"{s0 / 'mining' / 'done.json'} is damaged"
+    return f"{s0 / 'mining' / 'done.json'}: not JSON"
 
 
 def _damage_part(s0: Path) -> str:
@@ -131,7 +138,7 @@ def test_merge_names_the_damaged_file(here, shards, capsys, damage):
 
 
 def test_a_failed_rebuild_puts_the_old_folder_back(here):
-    from grpo.mining.store import set_aside
+    from grpo.outputs import set_aside
 
     old = here / "out"
     old.mkdir()
@@ -261,10 +268,10 @@ def test_a_byte_order_mark_is_accepted(here, capsys):
 def test_pool_stats_writes_only_where_asked(here, capsys):
     pool = _lines(here / "pool.jsonl", [GOOD_ROW])
     for png, culprit in (("", "--png '': give a file path"), ("lengths.jpg", "must end in .png"),
-                         ("no/such/dir/l.png", "the folder no/such/dir does not exist (pool-stats creates none)"),
+                         ("no/such/dir/l.png", "the folder no/such/dir does not exist (none is created)"),
                          (str(here), "is a folder")):
         refused(capsys, ["pool-stats", str(pool), "--png", png], culprit, inputs=(here,))
-    refused(capsys, ["pool-stats", str(pool), "--json", str(pool)], "would write over or into the pool",
+    refused(capsys, ["pool-stats", str(pool), "--json", str(pool)], f"--json {pool} is the input {pool}",
              inputs=(pool,))
     assert sorted(p.name for p in here.iterdir()) == ["pool.jsonl"]
     _accepted(capsys, ["pool-stats", str(pool), "--png", "l.png", "--json", "s.json"], inputs=(pool,))
@@ -275,10 +282,10 @@ def test_no_writer_replaces_a_special_file(here, capsys):
     import os
     import stat
 
-    from grpo.mining.store import atomic_write
+    from grpo.outputs import atomic_write
 
     os.mkfifo(here / "pipe.json")
-    refused(capsys, ["pool-stats", "tiny-probe", "--json", "pipe.json"], "--json pipe.json: exists and is not a "
+    refused(capsys, ["pool-stats", "tiny-probe", "--json", "pipe.json"], "--json pipe.json exists and is not a "
              "regular file")
     with pytest.raises(UserError, match="is not a regular file; refusing to replace it"):
         atomic_write(here / "pipe.json", "{}")
@@ -288,7 +295,7 @@ def test_no_writer_replaces_a_special_file(here, capsys):
 def test_a_damaged_checkpoint_config_is_named(here, capsys):
     (here / "ckpt").mkdir()
     (here / "ckpt" / "config.json").write_text("{half")
-    refused(capsys, ["mine", "--model", "ckpt", "--data", "tiny", "--out", "out"], "ckpt/config.json: not valid JSON",
+    refused(capsys, ["mine", "--model", "ckpt", "--data", "tiny", "--out", "out"], "ckpt/config.json: not JSON",
              inputs=(here,))
     assert not (here / "out").exists()
 
@@ -328,6 +335,130 @@ def test_version_and_verbose_anywhere(here, capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert "Traceback" in err and err.rstrip().endswith("error: prompt pool missing.jsonl: no such file")
+
+
+# ------------------------------------------------------------------------------------- outputs (issue 25)
+
+TINY = str(Path(__file__).resolve().parents[1] / "data" / "tiny" / "model")
+
+
+def _checkpoint_copy(folder: Path, **bd_changes) -> Path:
+    """A copy of the tiny joint checkpoint with `block_diffusion.json` fields changed."""
+    import shutil
+
+    shutil.copytree(TINY, folder)
+    bd = json.loads((folder / "block_diffusion.json").read_text())
+    (folder / "block_diffusion.json").write_text(json.dumps({**bd, **bd_changes}))
+    return folder
+
+
+def test_tpf_writes_only_its_own_files(here, capsys):
+    """Every --out that is an input, inside a dataset or checkpoint, a folder or someone's file: refused before
+    the checkpoint is even loaded; nothing changes."""
+    from datasets import Dataset
+
+    pool = _lines(here / "pool.jsonl", [GOOD_ROW])
+    Dataset.from_dict({k: [v] for k, v in GOOD_ROW.items()}).save_to_disk("ds")
+    ckpt = _checkpoint_copy(here / "ckpt")
+    (here / "notes.txt").write_text("mine")
+    base = ["tpf", "--model", str(ckpt), "--pool", str(pool), "--max-new-tokens", "16"]
+    for out, culprit in ((str(pool), f"--out {pool} is the input {pool}"),
+                         ("ds/state.json", "lies inside the dataset folder"),
+                         ("ds/extra.json", "lies inside the dataset folder"),
+                         ("ckpt/config.json", f"--out ckpt/config.json lies inside the input {ckpt}"),
+                         ("/", "--out '/': give a file path"),
+                         ("notes.txt", "--out notes.txt exists and was not written by gravity-grpo tpf"),
+                         ("no/such/t.json", "the folder no/such does not exist")):
+        refused(capsys, [*base, "--out", out], culprit, inputs=(here,))
+    refused(capsys, ["tpf", "--pool", str(pool), "--out", f"{TINY}/stats.json"], "lies inside the checkpoint "
+            "folder", inputs=(Path(TINY),))
+    _accepted(capsys, [*base, "--out", "t.json"], inputs=(pool, ckpt))
+    assert json.loads(Path("t.json").read_text())["written_by"] == "gravity-grpo tpf"
+    refused(capsys, [*base, "--out", "t.json"], "--out t.json exists (an earlier output)", "(flag --overwrite)",
+            inputs=(here,))
+    _accepted(capsys, [*base, "--out", "t.json", "--overwrite"], inputs=(pool, ckpt))
+    assert sorted(p.name for p in here.iterdir()) == ["ckpt", "ds", "notes.txt", "pool.jsonl", "t.json"]
+
+
+@pytest.mark.parametrize("flags, culprit", [
+    (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0"),
+    (["--bd-size", "0"], "--bd-size must be >= 1, got 0"),
+    (["--bd-size", "100000", "--max-new-tokens", "64"], "--bd-size 100000: a draft block longer than "
+                                                         "--max-new-tokens 64"),
+    (["--max-new-tokens", "100000"], "--max-new-tokens 100000: the model has 2048 positions"),
+    (["--device", "gpu0"], "device 'gpu0': not a torch device"),
+    (["--device", "cuda:7"], "device 'cuda:7': no such CUDA device here"),
+    (["--tau", "2"], "--tau is a confidence threshold in [0, 1], got 2.0"),
+])
+def test_tpf_sizes_and_devices_are_checked_before_decoding(here, capsys, flags, culprit):
+    pool = _lines(here / "pool.jsonl", [GOOD_ROW])
+    refused(capsys, ["tpf", "--pool", str(pool), *flags], culprit, inputs=(here,))
+
+
+def test_tpf_names_rows_longer_than_the_context(here, capsys):
+    long_row = {**GOOD_ROW, "prompt": "word " * 800}  # ~2,400 tokens: over 2,048, under the tokenizer's own 4,096
+    pool = _lines(here / "pool.jsonl", [GOOD_ROW, long_row])
+    refused(capsys, ["tpf", "--pool", str(pool), "--max-new-tokens", "16"], "1 row(s) longer than the model's "
+            "context", "row 1: ", "+ 16 new > 2048 positions", inputs=(here,))
+
+
+def test_a_mask_id_that_is_not_the_mask_token_is_refused(here, capsys):
+    pool = _lines(here / "pool.jsonl", [GOOD_ROW])
+    ckpt = _checkpoint_copy(here / "eos_mask", mask_id=0)  # the tiny tokenizer's EOS
+    refused(capsys, ["tpf", "--model", str(ckpt), "--pool", str(pool)], "field 'mask_id' = 0 is not the id of "
+            "the tokenizer's <|mask|> (2)", inputs=(here,))
+
+
+def test_pool_stats_replaces_only_its_own_files(here, capsys):
+    pool = _lines(here / "pool.jsonl", [GOOD_ROW])
+    (here / "other.json").write_text('{"mine": 1}')
+    (here / "other.png").write_bytes(b"\x89PNG\r\n\x1a\n someone else's")
+    for flag, name in (("--json", "other.json"), ("--png", "other.png")):
+        for extra in ([], ["--overwrite"]):
+            refused(capsys, ["pool-stats", str(pool), flag, name, *extra],
+                    f"{flag} {name} exists and was not written by gravity-grpo pool-stats", inputs=(here,))
+    _accepted(capsys, ["pool-stats", str(pool), "--json", "s.json", "--png", "s.png"], inputs=(pool,))
+    refused(capsys, ["pool-stats", str(pool), "--png", "s.png"], "--png s.png exists (an earlier output)",
+            inputs=(here,))
+    _accepted(capsys, ["pool-stats", str(pool), "--json", "s.json", "--png", "s.png", "--overwrite"], inputs=(pool,))
+
+
+def test_a_key_given_twice_is_named_with_its_line(here, capsys):
+    (here / "run.yaml").write_text("learning_rate: 1.0e-4\nbeta: 0.0\nlearning_rate: 5.0\n")
+    refused(capsys, ["train", "--config", "run.yaml", "--dry-run"], "run.yaml: line 3: key 'learning_rate' "
+            "appears twice", inputs=(here,))
+    pool = _lines(here / "pool.jsonl", [GOOD_ROW, '{"prompt": "p", "target": "t", "task_type": "text", '
+                                                  '"task_type": "table"}'])
+    refused(capsys, ["pool-stats", str(pool)], "line 2: key 'task_type' appears twice", inputs=(here,))
+    pairs = _lines(here / "pairs.jsonl", ['{"pred": "a", "ref": "a", "ref": "b", "task": "text"}'])
+    refused(capsys, ["score", "--pairs", str(pairs)], "line 1", "key 'ref' appears twice", inputs=(here,))
+
+
+def test_damaged_run_files_are_named_by_tpf_drift(here, capsys):
+    run = here / "run"
+    run.mkdir()
+    (run / "run_config.json").write_text("{half")
+    refused(capsys, ["tpf-drift", "run"], "run_config.json", inputs=(here,))
+    (run / "run_config.json").write_text('{"model": "tiny", "model": "other"}')
+    refused(capsys, ["tpf-drift", "run"], "key 'model' appears twice", inputs=(here,))
+    (run / "run_config.json").write_text('{"model": "tiny", "probe_set": "tiny-probe"}')
+    (run / "metrics.jsonl").write_text('{"step": 1}\n{half\n')
+    refused(capsys, ["tpf-drift", "run"], "metrics.jsonl is damaged: line 2", inputs=(here,))
+
+
+def test_row_images_that_would_hang_or_explode_are_named(here, capsys):
+    import os
+    import struct
+    import zlib
+
+    os.mkfifo(here / "pipe.png")
+    header = struct.pack(">IIBBBBB", 20000, 20000, 8, 2, 0, 0, 0)  # a PNG header claiming 20000 x 20000 pixels
+    chunk = lambda kind, data: (struct.pack(">I", len(data)) + kind + data  # noqa: E731
+                                + struct.pack(">I", zlib.crc32(kind + data)))
+    (here / "bomb.png").write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b""))
+    pool = _lines(here / "pool.jsonl", [{**GOOD_ROW, "image": "pipe.png"}, {**GOOD_ROW, "image": "bomb.png"}])
+    refused(capsys, ["pool-stats", str(pool)], "line 1: image is not a regular file: pipe.png",
+            "line 2: image too large (bomb.png)", inputs=(pool,))
 
 
 # ------------------------------------------------------------------------------------- any bytes

@@ -123,7 +123,7 @@ def test_combine_weights_losses():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from grpo.synthetic.world import generate
+    from grpo.synthetic.splits import generate
     from grpo.synthetic.tokenizer import build_tokenizer
 
     rows = generate("tiny-train", 300)
@@ -169,7 +169,7 @@ def test_training_logits_match_inference_streams(tokenizer):
 
 @pytest.mark.slow
 def test_a_few_steps_reduce_both_losses(tokenizer):
-    from grpo.synthetic.world import generate
+    from grpo.synthetic.splits import generate
 
     model = _tiny(tokenizer, seed=1)
     mask_id = tokenizer.convert_tokens_to_ids("<|mask|>")
@@ -228,7 +228,7 @@ def test_saved_checkpoint_reloads_with_the_same_tokenization(tokenizer, tmp_path
     """A saved tiny checkpoint keeps its own tokenizer (no architecture-specific tokenizer class on reload)."""
     from transformers import AutoTokenizer
 
-    from grpo.synthetic.world import generate
+    from grpo.synthetic.splits import generate
     from grpo.checkpoint import load_checkpoint
     from grpo.joint.train import save
 

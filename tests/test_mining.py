@@ -11,7 +11,8 @@ from helpers_env import child_env
 
 from grpo.mining.miner import MineConfig, merge, mine, parse_shard
 from grpo.rollouts.sampling import Rollout
-from grpo.mining.selection import INDEX, PREFER, STAT_COLUMNS, RankRule, is_dropped, prompt_stats, select
+from grpo.mining.selection import PREFER, STAT_COLUMNS, RankRule, is_dropped, prompt_stats, select
+from grpo.rollouts.sampling import INDEX
 from grpo.mining.store import MiningError, MiningStore
 
 ORIGINAL = ["prompt", "target", "task_type"]

@@ -4,6 +4,7 @@ each wheel installs its one package, and the tree holds no symbolic link."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 import shutil
 import subprocess
@@ -87,7 +88,7 @@ def test_one_user_error_class_for_every_layer():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("folder, dist, package, inside", [
-    (".", "gravity_grpo", "grpo", ["grpo/pool.py", "grpo/synthetic/world.py", "grpo/rollouts/engine.py"]),
+    (".", "gravity_grpo", "grpo", ["grpo/pool.py", "grpo/synthetic/splits.py", "grpo/rollouts/engine.py"]),
     ("rewards", "ocr_rewards", "ocr_rewards", ["ocr_rewards/trl_reward.py", "ocr_rewards/cli.py"]),
 ])
 def test_each_wheel_installs_its_one_package(tmp_path, folder, dist, package, inside):
@@ -104,3 +105,22 @@ def test_each_wheel_installs_its_one_package(tmp_path, folder, dist, package, in
     assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {package}
     for path in inside:
         assert path in names, path
+
+
+@pytest.mark.slow
+def test_a_second_import_name_cannot_break_table_scoring(tmp_path):
+    """`import rewards` in the repo root (a namespace package now) and a table scored through the second name
+    it offers, with no kernel cache yet, then `gravity-grpo score --task table` in a fresh process elsewhere:
+    numba's cache is not poisoned."""
+    for cached in (REWARDS_SRC / "__pycache__").glob("zhang_shasha.*.nb[ic]"):
+        cached.unlink()
+    pred, ref = "<table><tr><td>1</td><td>3</td></tr></table>", "<table><tr><td>1</td><td>2</td></tr></table>"
+    alias = ("import rewards, importlib; m = importlib.import_module('rewards.ocr_rewards'); "
+             f"print(m.score({pred!r}, {ref!r}, 'table').value)")
+    first = subprocess.run([sys.executable, "-c", alias], cwd=REPO, env=child_env(), capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = subprocess.run([sys.executable, "-m", "grpo.cli", "score", "--task", "table", "--pred-text", pred,
+                             "--ref-text", ref, "--json"], cwd=tmp_path, env=child_env(), capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr[-2000:]
+    value = json.loads(second.stdout)["value"]
+    assert 0 < value < 1 and value == float(first.stdout.split()[-1])

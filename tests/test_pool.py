@@ -151,7 +151,7 @@ def test_pool_stats_command(tmp_path, capsys):
 
     _write_jsonl(path, rows + [{"prompt": "p", "target": "t", "task_type": "chart"}])
     capsys.readouterr()
-    assert main(["pool-stats", str(path), "--png", str(tmp_path / "h.png")]) == 2
+    assert main(["pool-stats", str(path), "--png", str(tmp_path / "h.png"), "--overwrite"]) == 2
     assert "line 6: unknown task_type 'chart'" in capsys.readouterr().err
 
 

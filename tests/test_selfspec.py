@@ -290,3 +290,12 @@ def test_batch_session_states_equal_a_single_prompt_session(text_arch):
         alone.prefill(x)
         alone.forward([5] * kept)
         torch.testing.assert_close(batched[r], alone.forward([9, 9]), rtol=1e-4, atol=1e-4)
+
+
+def test_batched_decoder_under_bf16_autocast(text_arch):
+    """Under bf16 mixed precision (how accelerate wraps a bf16 run's model, and so the TPF probe sees it) keys
+    leave the rotary embedding in fp32 and values in bf16; the cache buffers take each as it comes."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        results = BatchDecoder(text_arch.model, text_arch.bd.mask_id, 8, text_arch.stops, MAX_NEW).generate(
+            text_arch.inputs[:4], 2)
+    assert [len(r.tokens) > 0 and r.forwards > 0 for r in results] == [True] * 4

@@ -9,10 +9,9 @@ import re
 import pytest
 
 from grpo.synthetic.render import build_image_split
-from grpo.synthetic.world import (
-    BLOT, GENERATORS, MISLABELS, SPLITS, TASK_PROMPTS, Example, blot, build_split, gen_table, generate,
-    wrong_at,
-)
+from grpo.synthetic.crops import BLOT, GENERATORS, Example, blot, gen_table
+from grpo.synthetic.mislabels import MISLABELS, wrong_at
+from grpo.synthetic.splits import SPLITS, TASK_PROMPTS, build_split, generate
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +123,7 @@ def test_held_out_splits_share_no_true_target_or_prompt_with_training():
     """On the full splits: no true target of the pool or the probe, and no prompt of theirs, is in a training
     split (tiny-train keeps its old buckets, which hashed the blotted crop), nor in each other."""
     train = {name: generate(name) for name in ("tiny-train", "tiny-noisy")}
-    from grpo.synthetic.world import _candidates, _training_keys
-
+    from grpo.synthetic.splits import _candidates, _training_keys
     truth = {(e.task_type, e.target) for name in train
              for e, _ in zip(_candidates(SPLITS[name]), range(SPLITS[name].rows))}
     prompts = {r["prompt"] for rows in train.values() for r in rows}
@@ -140,8 +138,7 @@ def test_held_out_splits_share_no_true_target_or_prompt_with_training():
 
 
 def test_a_fresh_probe_is_the_probe_recipe_with_another_seed():
-    from grpo.synthetic.world import is_builtin, split_of
-
+    from grpo.synthetic.splits import is_builtin, split_of
     assert split_of("tiny-probe@11") == dataclasses.replace(SPLITS["tiny-probe"], seed=11)
     rows = generate("tiny-probe@11")
     assert len(rows) == 60 and [r["task_type"] for r in rows[:3]] == list(GENERATORS)
@@ -213,8 +210,7 @@ def test_blots_hide_content_characters_only(task):
 def test_text_and_formula_blots_hide_whole_words_and_symbols(task):
     import random
 
-    from grpo.synthetic.world import _BLOTS
-
+    from grpo.synthetic.crops import _BLOTS
     rng, unit = random.Random(5), _BLOTS[task][1]
     for _ in range(200):
         clean = GENERATORS[task](rng)

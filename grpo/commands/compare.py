@@ -1,4 +1,4 @@
-"""`gravity-grpo compare`: a multi-seed A/B of GRPO recipes, paired on a probe set (`grpo.evaluation.compare`)."""
+"""`gravity-grpo compare`: a multi-seed A/B of GRPO recipes, paired on a probe set (`grpo.compare`)."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +7,7 @@ HELP = "multi-seed A/B of GRPO recipes: arms x seeds, final checkpoints paired o
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from grpo.evaluation.compare import DEFAULT_PROBE
+    from grpo.compare import DEFAULT_PROBE
 
     parser.add_argument("--arm", dest="arms", action="append", nargs="+", required=True,
                         metavar="NAME CONFIG [KEY=VALUE ...]",
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
 
     from grpo.console import console
     from grpo.errors import UserError
-    from grpo.evaluation.compare import REPORT_FILE, Arm, probe_named, run_comparison
+    from grpo.compare import REPORT_FILE, Arm, probe_named, run_comparison
 
     arms = []
     for spec in args.arms:

@@ -5,6 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
+STAMP = "gravity-grpo tpf"  # in each file it writes (grpo.outputs)
 HELP = "measure the drafter's tokens per forward (self-speculative or direct diffusion) on a prompt pool"
 
 
@@ -35,7 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tau", type=float, default=0.9, help="confidence threshold of --mode diffusion")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="model dtype")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    parser.add_argument("--out", type=Path, default=None, help="write the statistics as JSON here")
+    parser.add_argument("--out", type=Path, default=None, help="write the statistics as JSON here (its folder "
+                                                               "must exist)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an --out file of an earlier tpf run")
 
 
 def _table(stats: dict):
@@ -64,6 +67,11 @@ def _table(stats: dict):
 
 def _check_decoding(args: argparse.Namespace, error: type) -> None:
     """Refuse decoding flags that contradict each other, naming the flag."""
+    for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--bd-size", args.bd_size)):
+        if value is not None and value < 1:
+            raise error(f"{flag} must be >= 1, got {value}")
+    if not 0 <= args.tau <= 1:
+        raise error(f"--tau is a confidence threshold in [0, 1], got {args.tau}")
     if args.batch_size < 1 or args.samples < 1:
         raise error(f"--batch-size and --samples must be >= 1, got {args.batch_size} and {args.samples}")
     if args.temperature < 0:
@@ -76,6 +84,25 @@ def _check_decoding(args: argparse.Namespace, error: type) -> None:
         raise error("--mode diffusion decodes greedily at batch 1: leave --batch-size and --temperature out")
 
 
+def _check_sizes(args: argparse.Namespace, ckpt, pool) -> None:
+    """Refuse an output cap or block size the model cannot decode, and rows that do not fit in its positions."""
+    from grpo.checkpoint import context_length
+    from grpo.errors import UserError
+    from grpo.prompting import rows_over_context
+
+    positions = context_length(ckpt.model.config)
+    if positions is not None and args.max_new_tokens >= positions:
+        raise UserError(f"--max-new-tokens {args.max_new_tokens}: the model has {positions} positions in all")
+    size = args.bd_size or ckpt.bd.bd_size
+    if size > args.max_new_tokens:
+        raise UserError(f"--bd-size {size}: a draft block longer than --max-new-tokens {args.max_new_tokens} "
+                        "drafts tokens that can never be kept")
+    over = rows_over_context(ckpt.processor, pool, ckpt.is_vlm, positions, args.max_new_tokens)
+    if over:
+        raise UserError(f"prompt pool {args.pool}: {len(over)} row(s) longer than the model's context with "
+                        f"--max-new-tokens {args.max_new_tokens}: {'; '.join(over[:5])}")
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -84,28 +111,31 @@ def run(args: argparse.Namespace) -> int:
     from grpo.console import console
     from grpo.decoding.tpf import measure_tpf
     from grpo.errors import UserError
-    from grpo.hardware import on_cpu
+    from grpo.hardware import torch_device, torch_device_named
+    from grpo.outputs import atomic_write, output_file
 
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit must be >= 1, got {args.limit}")
     _check_decoding(args, UserError)
+    device = torch_device_named(args.device) if args.device is not None else torch_device()
+    out = output_file(args.out, "--out", stamp=STAMP, inputs=[args.pool, args.model], overwrite=args.overwrite)
     ckpt = load_checkpoint(args.model, need_drafter=True, dtype=getattr(torch, args.dtype))
     console.print(f"model: {ckpt.source.describe()}", markup=False)
     pool = load_pool(args.pool, skip_bad=args.skip_bad)
-    ckpt.model.to(args.device or ("cpu" if on_cpu() else "cuda"))
     if args.limit is not None:
         pool = pool.select(range(min(args.limit, len(pool))))
+    _check_sizes(args, ckpt, pool)
+    ckpt.model.to(device)
     stats = measure_tpf(ckpt.model, ckpt.processor, pool, ckpt.bd, is_vlm=ckpt.is_vlm, bd_size=args.bd_size,
                         max_new_tokens=args.max_new_tokens, compare_ar=args.compare_ar, mode=args.mode,
                         tau=args.tau, score=args.score, batch_size=args.batch_size, temperature=args.temperature,
                         samples=args.samples, seed=args.seed)
-    stats.update(model=str(ckpt.path), pool=args.pool)
+    stats = {"written_by": STAMP, **stats, "model": str(ckpt.path), "pool": args.pool}
     console.print(_table(stats))
     console.print(f"decode wall time {stats['wall_s']:.2f} s at batch size {args.batch_size}", markup=False)
     if stats["truncated"]:
         console.print(f"{stats['truncated']} output(s) reached --max-new-tokens {args.max_new_tokens}", markup=False)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(stats, indent=2) + "\n")
-        console.print(f"wrote {args.out}", markup=False)
+    if out is not None:
+        atomic_write(out, json.dumps(stats, indent=2) + "\n")
+        console.print(f"wrote {out}", markup=False)
     return 0

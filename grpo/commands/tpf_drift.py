@@ -21,15 +21,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from grpo.console import console
-    from grpo.training.config import ConfigError
+    from grpo.training.config import ConfigError, field_default
     from grpo.evaluation.drift import remeasure_checkpoints
-    from grpo.training.run_dir import RunDir
+    from grpo.evaluation.run_dir import RunDir
 
     if not args.run_dir.is_dir():
         raise ConfigError(f"{args.run_dir}: no such run folder")
     run_dir = RunDir(args.run_dir)
     records = remeasure_checkpoints(
-        run_dir, probe_set=args.probe_set, probe_size=args.probe_size, max_new_tokens=args.max_new_tokens,
+        run_dir, field_default, probe_set=args.probe_set, probe_size=args.probe_size, max_new_tokens=args.max_new_tokens,
         include_initial=not args.no_initial,
         on_checkpoint=lambda step, source: console.print(f"step {step}: {source.describe()}", markup=False))
     for r in records:

@@ -47,8 +47,9 @@ class _SlotLayer(DynamicLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         n, dim, span = key_states.shape[0], key_states.shape[3], self.cache.span
-        self.keys.view(-1, dim).index_copy_(0, self.cache.index, key_states.reshape(-1, dim))
-        self.values.view(-1, dim).index_copy_(0, self.cache.index, value_states.reshape(-1, dim))
+        # under bf16 autocast keys leave the rotary embedding in fp32 and values in bf16: each buffer keeps its own
+        self.keys.view(-1, dim).index_copy_(0, self.cache.index, key_states.reshape(-1, dim).to(self.keys.dtype))
+        self.values.view(-1, dim).index_copy_(0, self.cache.index, value_states.reshape(-1, dim).to(self.values.dtype))
         return self.keys[:n, :, :span], self.values[:n, :, :span]
 
     def get_seq_length(self) -> int:
@@ -134,10 +135,10 @@ class BatchSession:
         lengths, width = prefill.lengths[pick], prefill.keys[0].shape[2]
         if self.cache is None:
             self.cache = _SlotCache(len(prefill.keys))
-            for layer, keys in zip(self.cache.layers, prefill.keys):
+            for layer, keys, values in zip(self.cache.layers, prefill.keys, prefill.values):
                 shape = (self.capacity, keys.shape[1], width + 64, keys.shape[3])
                 layer.keys = keys.new_zeros(shape)        # zeros: stale slots must stay finite
-                layer.values = keys.new_zeros(shape)
+                layer.values = values.new_zeros(shape)
         self._reserve(width)
         start = (width - lengths).unsqueeze(1) + torch.arange(width, device=self.device)   # (k, width)
         index = start.clamp(max=width - 1)[:, None, :, None]

@@ -1,5 +1,6 @@
-"""TPF and held-out reward across GRPO steps: the probe's logged metrics, the drift records read back from
-a log history, re-measuring a finished run's checkpoints, and the paired before/after comparison.
+"""TPF and held-out reward across GRPO steps: the probe's one decode routine (`probe_decode`, used by the live
+probe and by re-measuring a finished run's checkpoints), its logged metrics, the drift records read back from a
+log history, and the paired before/after comparison.
 
 The probe scores its greedy self-speculative outputs against their targets, a held-out evaluation of what was
 decoded (docs/spec.md §7: equal to AR greedy where `tpf/ar_equal_rate` says so): `eval/reward`, `eval/<task>/reward`,
@@ -13,13 +14,50 @@ Example:
 """
 from __future__ import annotations
 
-import random
-from pathlib import Path
+import dataclasses
+from dataclasses import dataclass
 from typing import Any, Callable
 
-from grpo.training.run_dir import RunDir
+from grpo.evaluation.stats import paired_interval
+from grpo.evaluation.run_dir import RunDir
+from ocr_rewards.settings import HELD_OUT, RewardSettings
 
-BOOTSTRAP_SAMPLES = 10_000  # resamples of the paired differences for the 95% interval
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """What the probe decodes with, read from a run's config: the live probe's and tpf-drift's one source."""
+
+    max_new_tokens: int
+    batch_size: int
+    temperature: float   # the sampled probe's: the rollout temperature
+    samples: int         # sampled draws per prompt (0: greedy only)
+
+    CONFIG_FIELDS = {"max_new_tokens": "tpf_max_new_tokens", "batch_size": "tpf_batch_size",
+                     "temperature": "temperature", "samples": "tpf_samples"}
+
+    @classmethod
+    def of(cls, read: Callable[[str], Any]) -> ProbeSettings:
+        """The settings from `read(config_field)` (a config's attribute, or a `run_config.json` value)."""
+        return cls(**{name: read(field) for name, field in cls.CONFIG_FIELDS.items()})
+
+
+def probe_decode(model: Any, processor: Any, rows: list, bd: Any, settings: ProbeSettings, *, step: int,
+                 is_vlm: bool, compare_ar: bool | list[int], indices: range | None = None,
+                 reward_settings: RewardSettings = HELD_OUT) -> tuple[list[dict], list[dict]]:
+    """The probe at `step` on `rows`: greedy self-speculative records scored against their targets (AR greedy
+    compared where `compare_ar` says), and, with `settings.samples`, records sampled at the rollout temperature
+    from a generator seeded with the step (`grpo.decoding.tpf.decode_rows`; none without samples)."""
+    from grpo.decoding.tpf import decode_rows
+
+    common = dict(indices=indices, is_vlm=is_vlm, max_new_tokens=settings.max_new_tokens,
+                  batch_size=settings.batch_size, progress=False)
+    greedy = decode_rows(model, processor, rows, bd, compare_ar=compare_ar, score=True,
+                         reward_settings=reward_settings, **common)
+    sampled = []
+    if settings.samples:
+        sampled = decode_rows(model, processor, rows, bd, temperature=settings.temperature,
+                              samples=settings.samples, seed=step, **common)
+    return greedy, sampled
 
 
 def probe_metrics(stats: dict, ranks: int = 1, sampled: dict | None = None) -> dict[str, float]:
@@ -92,12 +130,14 @@ def run_dtype(config: dict):
     return torch.bfloat16 if config.get("bf16") else torch.float16 if config.get("fp16") else torch.float32
 
 
-def remeasure_checkpoints(run: RunDir, *, probe_set: str | None = None, probe_size: int | None = None,
-                          max_new_tokens: int | None = None, include_initial: bool = True,
+def remeasure_checkpoints(run: RunDir, default: Callable[[str], Any], *, probe_set: str | None = None,
+                          probe_size: int | None = None, max_new_tokens: int | None = None,
+                          include_initial: bool = True,
                           on_checkpoint: Callable[[int, Any], None] = lambda step, source: None) -> list[dict]:
     """TPF and held-out reward of every saved checkpoint of `run` (and of its starting model), as drift records.
 
-    The probe settings default to the run's own (`run_config.json`), and so does the dtype: a bf16 run is
+    The probe settings default to the run's own (its `run_config.json`; a field it lacks at `default(field)`,
+    the config's default), and so does the dtype: a bf16 run is
     re-measured in bf16, comparable with its live probe. Every prompt is compared with AR greedy, and TPF at
     the run's `temperature` is measured beside greedy. Records carry the training reward of their step from the
     run's metrics, as the live probe's do. Checkpoints are loaded as every command loads them
@@ -105,18 +145,21 @@ def remeasure_checkpoints(run: RunDir, *, probe_set: str | None = None, probe_si
     the GPU when there is one; `on_checkpoint(step, source)` hears of each (`source.describe()`).
     """
     from grpo.checkpoint import load_checkpoint
-    from grpo.decoding.tpf import measure_tpf
-    from grpo.hardware import on_cpu
+    from grpo.decoding.tpf import tpf_stats
+    from grpo.hardware import torch_device
     from grpo.pool import load_pool
-    from grpo.training.config import ConfigError
+    from grpo.yaml_config import ConfigError
 
     config = run.read_config()
+    history = run.read_metrics()  # damaged files are named before any work
     probe_set = probe_set or config.get("probe_set")
     if probe_set is None:
         raise ConfigError(f"{run.path}: no run_config.json to take the probe set from; name the probe set",
                           setting="probe_set")
-    size = probe_size or config.get("probe_size", 24)
-    max_new = max_new_tokens or config.get("tpf_max_new_tokens", 512)
+    settings = ProbeSettings.of(lambda name: config.get(name, default(name)))
+    if max_new_tokens:
+        settings = dataclasses.replace(settings, max_new_tokens=max_new_tokens)
+    size = probe_size or config.get("probe_size", default("probe_size"))
     points = run.checkpoints()
     if include_initial and config.get("model"):
         points.insert(0, (0, config["model"]))
@@ -124,34 +167,17 @@ def remeasure_checkpoints(run: RunDir, *, probe_set: str | None = None, probe_si
         raise ConfigError(f"{run.path}: no checkpoint-N folders to measure")
     rows = load_pool(probe_set)
     rows = rows.select(range(min(size, len(rows))))
-    history = run.read_metrics()
     # the run's rewards first (a step's reward precedes its probe), then one entry per measured checkpoint
-    entries = [{"step": e["step"], "reward": e["reward"]} for e in history if "reward" in e]
-    batch = config.get("tpf_batch_size", 1)
+    entries = [{"step": e["step"], "reward": e["reward"]} for e in history if "reward" in e and "step" in e]
     for step, folder in points:
         ckpt = load_checkpoint(folder, need_drafter=True, dtype=run_dtype(config))  # LoRA: merged into its base
         on_checkpoint(step, ckpt.source)
-        ckpt.model.to("cpu" if on_cpu() else "cuda")
-        common = dict(is_vlm=ckpt.is_vlm, max_new_tokens=max_new, batch_size=batch, progress=False)
-        stats = measure_tpf(ckpt.model, ckpt.processor, rows, ckpt.bd, compare_ar=True, score=True, **common)
-        sampled = None
-        if config.get("tpf_samples", 1):
-            sampled = measure_tpf(ckpt.model, ckpt.processor, rows, ckpt.bd, temperature=config.get("temperature", 1.0),
-                                  samples=config.get("tpf_samples", 1), seed=step, **common)
-        entries.append({"step": step, **probe_metrics(stats, sampled=sampled)})
+        ckpt.model.to(torch_device())
+        greedy, sampled = probe_decode(ckpt.model, ckpt.processor, rows, ckpt.bd, settings, step=step,
+                                       is_vlm=ckpt.is_vlm, compare_ar=True)
+        metrics = probe_metrics(tpf_stats(greedy), sampled=tpf_stats(sampled) if sampled else None)
+        entries.append({"step": step, **metrics})
     return drift_records(entries)
-
-
-def paired_interval(before: list[float], after: list[float], seed: int = 0) -> dict[str, float]:
-    """Mean of `after - before` over paired items with a 95% percentile-bootstrap interval (`low`, `high`)."""
-    if len(before) != len(after) or not before:
-        raise ValueError(f"need equally many paired values, got {len(before)} and {len(after)}")
-    diffs = [a - b for a, b in zip(after, before)]
-    n = len(diffs)
-    rng = random.Random(seed)
-    means = sorted(sum(rng.choices(diffs, k=n)) / n for _ in range(BOOTSTRAP_SAMPLES))
-    return {"before": sum(before) / n, "after": sum(after) / n, "diff": sum(diffs) / n,
-            "low": means[int(0.025 * BOOTSTRAP_SAMPLES)], "high": means[int(0.975 * BOOTSTRAP_SAMPLES) - 1], "n": n}
 
 
 def held_out_change(run: RunDir) -> dict[str, Any] | None:

@@ -32,8 +32,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from grpo.evaluation.drift import drift_records, probe_metrics
-from grpo.training.run_dir import RunDir
+from grpo.evaluation.drift import ProbeSettings, drift_records, probe_decode, probe_metrics
+from grpo.evaluation.run_dir import RunDir
 from ocr_rewards.settings import HELD_OUT, RewardSettings
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class TpfProbeCallback(TrainerCallback):
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step % args.tpf_every == 0 or state.global_step >= state.max_steps:
+        if args.probe_due(state.global_step, state.max_steps):
             self.trainer.add_to_next_log(self._measure(args, state))
             control.should_log = True  # so the probe is logged with this step's reward
         return control
@@ -82,28 +82,22 @@ class TpfProbeCallback(TrainerCallback):
         from accelerate.utils import gather_object
         from trl.models.utils import unwrap_model_for_generation
 
-        from grpo.decoding.tpf import decode_rows, tpf_stats
+        from grpo.decoding.tpf import tpf_stats
 
         trainer = self.trainer
         rank, world = trainer.accelerator.process_index, trainer.accelerator.num_processes
         compared = self._compared(args, state.global_step)
         start = time.perf_counter()
         records, sampled, error, failure = [], [], None, None
-        indices = range(rank, len(self.rows), world)
-        common = dict(indices=indices, is_vlm=self.is_vlm, max_new_tokens=args.tpf_max_new_tokens,
-                      batch_size=args.tpf_batch_size, progress=False)
         with trainer.timed("tpf_probe"), unwrap_model_for_generation(
                 trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=args.ds3_gather_for_generation,
                 gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs) as model:
             try:
-                shard = self.rows[rank::world]
-                records = decode_rows(model, trainer.processing_class, shard, self.bd, compare_ar=compared,
-                                      score=True,
-                                      reward_settings=self.reward_settings, **common)
-                if args.tpf_samples:
-                    sampled = decode_rows(model, trainer.processing_class, shard, self.bd,
-                                          temperature=args.temperature, samples=args.tpf_samples,
-                                          seed=state.global_step, **common)
+                records, sampled = probe_decode(model, trainer.processing_class, self.rows[rank::world], self.bd,
+                                                ProbeSettings.of(lambda name: getattr(args, name)),
+                                                step=state.global_step, is_vlm=self.is_vlm,
+                                                compare_ar=compared, indices=range(rank, len(self.rows), world),
+                                                reward_settings=self.reward_settings)
             except Exception as err:  # noqa: BLE001 - every rank must reach the gather, or the others hang
                 error, failure = f"rank {rank}:\n{traceback.format_exc()}", err
             shards = gather_object([(rank, error, (records, sampled))])

@@ -1,4 +1,4 @@
-"""Paired statistics of a multi-seed A/B (`grpo.evaluation.compare`): TPF ratios, reward differences, McNemar.
+"""Paired statistics of a multi-seed A/B (`grpo.compare`): TPF ratios, reward differences, McNemar.
 
 Every arm is evaluated on the same probe prompts with the same seeds, so arm B is compared with the reference
 arm A seed by seed and prompt by prompt. Intervals are percentile bootstraps over both seeds and prompts
@@ -40,6 +40,24 @@ def _interval(values: np.ndarray) -> tuple[float, float]:
     return float(np.quantile(values, 0.025)), float(np.quantile(values, 0.975))
 
 
+def bootstrap(statistic, sizes: tuple[int, ...], samples: int = SAMPLES, seed: int = 0) -> np.ndarray:
+    """`statistic(*indices)` on `samples` resamples: for each axis of length `sizes[k]`, indices drawn with
+    replacement (seeds, prompts, ...). The package's one bootstrap."""
+    rng = np.random.default_rng(seed)
+    return np.array([statistic(*(rng.integers(0, n, n) for n in sizes)) for _ in range(samples)])
+
+
+def paired_interval(before: list[float], after: list[float], samples: int = SAMPLES,
+                    seed: int = 0) -> dict[str, float]:
+    """Mean of `after - before` over paired items with its 95% bootstrap interval (`low`, `high`)."""
+    if len(before) != len(after) or not before:
+        raise ValueError(f"need equally many paired values, got {len(before)} and {len(after)}")
+    diffs = np.asarray(after, dtype=float) - np.asarray(before, dtype=float)
+    low, high = _interval(bootstrap(lambda i: diffs[i].mean(), (len(diffs),), samples, seed))
+    return {"before": float(np.mean(before)), "after": float(np.mean(after)), "diff": float(diffs.mean()),
+            "low": low, "high": high, "n": len(diffs)}
+
+
 def paired_summary(a: dict[int, list[dict]], b: dict[int, list[dict]], samples: int = SAMPLES,
                    seed: int = 0) -> dict[str, Any]:
     """Arm `b` against the reference arm `a` ({seed: probe rows in prompt order}, rows with `tokens`,
@@ -58,9 +76,7 @@ def paired_summary(a: dict[int, list[dict]], b: dict[int, list[dict]], samples: 
     n_seeds, n_prompts = len(seeds), tok_a.shape[1]
     every = np.arange(n_seeds), np.arange(n_prompts)
     ratio, diff = stats(*every)
-    rng = np.random.default_rng(seed)
-    boot = np.array([stats(rng.integers(0, n_seeds, n_seeds), rng.integers(0, n_prompts, n_prompts))
-                     for _ in range(samples)])
+    boot = bootstrap(stats, (n_seeds, n_prompts), samples, seed)
     per_seed_ratio = (tok_b.sum(1) / fwd_b.sum(1)) / (tok_a.sum(1) / fwd_a.sum(1))
     per_seed_diff = (rew_b - rew_a).mean(1)
     return {"seeds": seeds, "prompts": n_prompts,

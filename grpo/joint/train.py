@@ -152,8 +152,7 @@ def tokenize_rows(rows, tokenizer, max_target_tokens: int) -> list[tuple[list[in
 
 
 def _training_rows(spec: str):
-    from grpo.synthetic.world import build_split, is_builtin
-
+    from grpo.synthetic.splits import build_split, is_builtin
     if is_builtin(spec):
         return build_split(spec)
     from grpo.pool import load_pool

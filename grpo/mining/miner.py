@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Literal
 
 from grpo.mining.report import write_report
-from grpo.rollouts.sampling import HfSampler, VllmSampler
-from grpo.mining.selection import INDEX, PREFER, STAT_COLUMNS, RankRule, prompt_stats, select
-from grpo.mining.store import (MiningError, MiningStore, atomic_write, check_manifest, check_output, is_empty_folder,
-                               pool_fingerprint, set_aside, temporary)
+from grpo.rollouts.sampling import INDEX, HfSampler, VllmSampler
+from grpo.mining.selection import PREFER, STAT_COLUMNS, RankRule, prompt_stats, select
+from grpo.mining.store import MiningError, MiningStore, check_manifest, pool_fingerprint
+from grpo.outputs import atomic_write, output_folder, set_aside, temporary
 from grpo.yaml_config import Fields
 from ocr_rewards.settings import RewardFields
 
@@ -52,7 +52,7 @@ class MineConfig(RewardFields):
     pool: str = field(metadata=_help("prompt pool: save_to_disk folder, .parquet, .jsonl or a built-in name"))
     output_dir: str = field(metadata=_help("output folder (a datasets folder + mining/ + report/); rerun with "
                                            "the same settings to resume"))
-    model: str = field(default="tiny", metadata=_help("checkpoint folder, or 'tiny'"))
+    model: str = field(default="tiny", metadata=_help("checkpoint: a folder (full or LoRA), a hub id, or 'tiny'"))
     num_generations: int = field(default=8, metadata=_help("rollouts per prompt (k)"))
     temperature: float = field(default=1.0, metadata=_help("sampling temperature; no nucleus / top-k "
                                                            "truncation, as in GRPO"))
@@ -140,8 +140,8 @@ def mine(cfg: MineConfig, llm=None) -> dict:
     from grpo.pool import load_pool
     from grpo.checkpoint import is_vlm_checkpoint, locate
 
-    pool_path = Path(cfg.pool)
-    check_output(Path(cfg.output_dir), [pool_path] if pool_path.exists() else [])
+    output_folder(cfg.output_dir, "output", kind="mining run (no mining/manifest.json)",
+                  is_own=lambda out: MiningStore(out).work.is_dir(), inputs=[cfg.pool], setting="out")
     source = locate(cfg.model)
     log.info("model: %s", source.describe())
     pool = load_pool(cfg.pool, skip_bad=cfg.skip_bad, index_column=INDEX)
@@ -265,10 +265,8 @@ def merge(shard_outs: list[str], out: str, overwrite: bool = False) -> dict:
 
     runs, target = [MiningStore(p) for p in shard_outs], Path(out)
     dones = [r.read_done() for r in runs]
-    check_output(target, [r.out for r in runs])
-    if not is_empty_folder(target) and not overwrite:
-        raise MiningError(f"output {target} exists and is not empty; choose a new folder, or set overwrite to "
-                          "replace it", setting="overwrite")
+    output_folder(target, "output", kind="mining output (no mining/done.json)", inputs=[r.out for r in runs],
+                  is_own=lambda out: MiningStore(out).done.is_file(), overwrite=overwrite, setting="out")
     first = dones[0]
     for run, d in zip(runs, dones):
         diff = [key for key in first["manifest"] if key != "shard" and d["manifest"].get(key) != first["manifest"][key]]

@@ -11,8 +11,9 @@ import json
 import os
 from pathlib import Path
 
-from grpo.mining.selection import INDEX, is_dropped
-from grpo.mining.store import atomic_write, temporary_file
+from grpo.mining.selection import is_dropped
+from grpo.outputs import atomic_write, temporary_file
+from grpo.rollouts.sampling import INDEX
 
 PERCENTILES = (10, 25, 50, 75, 90, 99)
 BINS = 20
@@ -37,8 +38,8 @@ def describe_pool(ds) -> dict:
 
 
 def histogram_png(values_by_task: dict[str, list[float]], path: Path, xlabel: str, title: str,
-                  value_range: tuple[float, float] | None = None) -> Path:
-    """One stacked histogram, a colour per task."""
+                  value_range: tuple[float, float] | None = None, software: str = "gravity-grpo") -> Path:
+    """One stacked histogram, a colour per task; `software` goes into the PNG's metadata (`grpo.outputs`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -54,7 +55,7 @@ def histogram_png(values_by_task: dict[str, list[float]], path: Path, xlabel: st
     fig.tight_layout()
     tmp = temporary_file(path)  # renamed into place: a failed write leaves the old file
     try:
-        fig.savefig(tmp, dpi=100, format="png")
+        fig.savefig(tmp, dpi=100, format="png", metadata={"Software": software})
         os.replace(tmp, path)
     finally:
         plt.close(fig)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from grpo.rollouts.sampling import INDEX, Rollout
+from grpo.rollouts.sampling import Rollout
 STAT_COLUMNS = ("reward_mean", "reward_std", "reward_min", "reward_max", "rewards", "completion_tokens_mean",
                 "truncated", "ref_chars", "mine_score")
 # what decides the sampled rollouts: a resumed run must agree on all of these

@@ -8,16 +8,15 @@ never one of the inputs (`check_output`); every file is written to a temporary n
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import shutil
 from pathlib import Path
 
 from grpo.errors import UserError
-from ocr_rewards.jsonl import read_lines
-from grpo.mining.selection import INDEX
+from grpo.outputs import atomic_write
+from ocr_rewards.jsonl import read_json_object, read_lines
+from grpo.rollouts.sampling import INDEX
 
 
 class MiningError(UserError, ValueError):
@@ -82,48 +81,7 @@ class MiningStore:
 
 def read_json(path: Path) -> dict:
     """A JSON object file of a run; a `MiningError` naming it when it is not one."""
-    try:
-        value = json.loads(path.read_bytes())
-    except (OSError, ValueError) as err:
-        raise MiningError(f"{path} is damaged ({err})") from None
-    if not isinstance(value, dict):
-        raise MiningError(f"{path} is damaged (not a JSON object)")
-    return value
-
-
-def temporary(path: Path, kind: str = "tmp") -> Path:
-    """The sibling name `path` is written under before it is renamed into place (one per process)."""
-    return path.with_name(f".{path.name}.{kind}{os.getpid()}")
-
-
-def temporary_file(path: Path) -> Path:
-    """`temporary(path)` for a file about to replace `path`; a `path` that exists but is no regular file (a
-    device such as /dev/null, a fifo, a folder) is refused: the rename would replace it."""
-    if path.exists() and not path.is_file():
-        raise UserError(f"{path} exists and is not a regular file; refusing to replace it")
-    return temporary(path)
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write, fsync, then rename: a reader (or a rerun after SIGKILL) sees the whole file or none."""
-    tmp = temporary_file(path)
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def check_output(out: Path, inputs: list[Path]) -> None:
-    """Refuse an output folder that is one of `inputs`, lies inside one, or holds one."""
-    target = out.resolve()
-    for given in inputs:
-        source = given.resolve()
-        relation = ("is" if target == source else "lies inside" if source in target.parents else
-                    "holds" if target in source.parents else None)
-        if relation:
-            raise MiningError(f"output {out} {relation} the input {given}; choose another output folder",
-                              setting="out")
+    return read_json_object(path, MiningError)
 
 
 def is_empty_folder(path: Path) -> bool:
@@ -131,25 +89,6 @@ def is_empty_folder(path: Path) -> bool:
     if path.exists() and not path.is_dir():
         raise MiningError(f"output {path} is a file, not a folder", setting="out")
     return not path.exists() or not any(path.iterdir())
-
-
-@contextlib.contextmanager
-def set_aside(folder: Path):
-    """Rebuild `folder` in the block: the old one waits under a temporary name and is removed only once the
-    block succeeds; if it fails, what it wrote goes and the old folder is put back."""
-    aside = temporary(folder, "old")
-    had = folder.exists()
-    if had:
-        os.rename(folder, aside)
-    try:
-        yield
-    except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
-        if had:
-            os.rename(aside, folder)
-        raise
-    if had:
-        shutil.rmtree(aside)
 
 
 def pool_fingerprint(ds) -> str:

@@ -59,12 +59,11 @@ def set_engine_env() -> bool:
 
     Call it before anything else creates a vLLM engine (e.g. TRL's colocated one).
     """
-    from grpo.hardware import on_cpu
-
+    from grpo.hardware import vllm_on_cpu
     from grpo.paths import compile_where_possible
 
     compile_where_possible()
-    on_gpu = not on_cpu()
+    on_gpu = not vllm_on_cpu()
     for key, value in {**_ENGINE_ENV, **({} if on_gpu else _CPU_ENV)}.items():
         os.environ.setdefault(key, value)
     if "WORLD_SIZE" not in os.environ:  # one process, no launcher (a launcher sets both)

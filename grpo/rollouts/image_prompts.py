@@ -1,4 +1,4 @@
-"""Image rollouts from TRL's colocated vLLM engine sampled from exactly the prompt the loss scores (issue 19).
+"""Image rollouts from TRL's colocated vLLM engine sampled from exactly the prompt the loss scores.
 
 TRL 1.16 tokenizes a conversational image prompt with the processor, so its prompt ids already hold the N
 `<|image|>` tokens of the crop, and then hands those ids together with the image to vLLM, whose GLM-OCR

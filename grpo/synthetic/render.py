@@ -14,7 +14,8 @@ import re
 
 from PIL import Image, ImageDraw, ImageFont
 
-from .world import BLOT, generate
+from grpo.synthetic.crops import BLOT
+from grpo.synthetic.splits import generate
 
 _PAD, _LINE_H, _CHAR_W, _CELL_W = 6, 16, 7, 90
 _SPAN = re.compile(r"^((?:\{[rc]\d\})*)(.*)$", re.S)

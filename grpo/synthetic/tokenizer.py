@@ -31,8 +31,7 @@ def build_tokenizer(corpus: list[str] | None = None):
     from transformers import PreTrainedTokenizerFast
 
     if corpus is None:
-        from .world import generate
-
+        from grpo.synthetic.splits import generate
         corpus = [text for row in generate("tiny-train", _CORPUS_ROWS) for text in (row["prompt"], row["target"])]
     tok = Tokenizer(models.BPE(unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.Sequence([

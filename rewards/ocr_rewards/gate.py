@@ -12,7 +12,7 @@ import re
 
 import numpy as np
 
-GATES = ("relative", "absolute")  # the first is the default
+GATES = ("relative", "absolute")  # the default is `RewardSettings.gate`
 NGRAM = 8
 RUN_FREE = 20     # runs up to this length cost nothing (rules, dotted leaders)
 RUN_SPAN = 200    # each character beyond RUN_FREE lowers the gate by 1/RUN_SPAN: 220 or more gives 0
@@ -55,8 +55,8 @@ def check_gate(mode: str) -> None:
         raise ValueError(f"unknown gate {mode!r}; valid gates: {', '.join(GATES)}")
 
 
-def gate(pred: str, ref: str, mode: str = GATES[0]) -> float:
-    """The gate factor for a prediction: relative to its reference (default) or absolute."""
+def gate(pred: str, ref: str, mode: str) -> float:
+    """The gate factor for a prediction: `mode` "relative" (to its reference) or "absolute"."""
     check_gate(mode)
     g_pred = degeneration(pred)
     if mode == "absolute":

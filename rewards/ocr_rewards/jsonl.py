@@ -1,7 +1,7 @@
 """JSON-lines files, read the one way every reader of the project reads them (pools, pairs, mining parts).
 
 A line is numbered as in the file: 1-based, blank lines counted (what an editor shows). A UTF-8 byte-order
-mark is accepted. A line that is not UTF-8 or not JSON is reported with its number and reason instead of
+mark is accepted; an object that gives a key twice is a bad line (never "the last value wins"). A line that is not UTF-8 or not JSON is reported with its number and reason instead of
 stopping the read, so a caller can list every bad line at once.
 
 Example:
@@ -39,11 +39,21 @@ def decode_line(raw: bytes) -> str:
                          "save the file as UTF-8") from None
 
 
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object's dict; a key given twice is an error (json would keep the last value silently)."""
+    value = dict(pairs)
+    if len(value) < len(pairs):
+        seen = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise ValueError(f"key {twice!r} appears twice")
+    return value
+
+
 def parse_line(raw: bytes):
-    """One line's JSON value; a ValueError gives the reason it is not UTF-8 JSON."""
+    """One line's JSON value; a ValueError gives the reason it is not UTF-8 JSON (or repeats a key)."""
     text = decode_line(raw)
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as err:
         raise ValueError(f"not JSON ({err.msg} at column {err.colno})") from None
     except RecursionError:
@@ -64,3 +74,17 @@ def read_lines(path: str | Path, what: str) -> list[tuple[int, object, str | Non
         except ValueError as err:
             out.append((number, None, str(err)))
     return out
+
+
+def read_json_object(path: str | Path, error: type[UserError] = UserError) -> dict:
+    """The JSON object in the file `path` (a byte-order mark accepted): the one reader of the project's JSON
+    files. `error` (a `UserError` subclass) names the file when it is missing, unreadable, not JSON or not an
+    object."""
+    try:
+        data = read_bytes(path, "file")
+        value = parse_line(data[len(BOM):] if data.startswith(BOM) else data)
+    except (UserError, ValueError) as err:
+        raise error(f"{path}: {str(err).removeprefix(f'file {path}: ')}") from None
+    if not isinstance(value, dict):
+        raise error(f"{path}: not a JSON object (a {type(value).__name__})")
+    return value

@@ -5,17 +5,22 @@ from .formula import score_formula
 from .gate import gate as gate_factor
 from .result import RewardResult
 from .settings import MAX_PRED_CHARS, RewardSettings, settings_of
+from .similarity import similarity
 from .table import score_table
 from .text import score_text
 
 # task -> scorer(pred, ref) -> (base reward in [0, 1], components); the only list of task names
 SCORERS = {"text": score_text, "table": score_table, "formula": score_formula}
 TASKS = tuple(SCORERS)
-__all__ = ["MAX_PRED_CHARS", "TASKS", "check_task", "score", "task_problem"]  # MAX_PRED_CHARS: rewards.settings
+__all__ = ["MAX_PRED_CHARS", "TASKS", "check_task", "score", "task_problem"]  # MAX_PRED_CHARS: ocr_rewards.settings
 
-# A longer reference is refused (`check_reference`): the time of a score grows with the reference as well, and
-# the pool and pairs readers name the row or line of one beyond it before any scoring starts.
+# The time of a task scorer grows with the reference as well. A longer reference is scored by the cheaper
+# `long_reference_score`; the pool and pairs readers refuse one (`check_reference`) before any scoring starts.
 MAX_REF_CHARS = 65_536
+# Past this, a reference scores 0 unread: the raw edit similarity of a prediction (at most `MAX_PRED_CHARS`)
+# against it is below 1/16 anyway, and computing it takes ~3 s per completion at this length (seconds grow
+# linearly with it, in C code that the per-completion alarm cannot stop).
+MAX_LONG_REF_CHARS = 16 * MAX_REF_CHARS
 
 
 def task_problem(task, name: str = "task") -> str | None:
@@ -38,12 +43,25 @@ def check_reference(ref: str) -> None:
         raise ValueError(f"reference of {len(ref):,} characters is over the limit of {MAX_REF_CHARS:,}")
 
 
+def long_reference_score(pred: str, ref: str, task: str) -> RewardResult:
+    """The reward against a reference longer than `MAX_REF_CHARS`: the edit similarity of the raw strings (no
+    normalization, parsing or gate), 0 past `MAX_LONG_REF_CHARS`; component `long_ref` marks it.
+
+    >>> long_reference_score("ab" * 40_000, "ab" * 40_000 + "c", "table").value > 0.99
+    True
+    """
+    value = 1.0 if pred == ref else similarity(pred, ref) if len(ref) <= MAX_LONG_REF_CHARS else 0.0
+    return RewardResult(value, {"long_ref": 1.0}, task)
+
+
 def score(pred: str, ref: str, task: str, settings: RewardSettings | None = None, **changes) -> RewardResult:
     """Reward of one prediction against its reference, in [0, 1], with its components.
 
     `settings` (`ocr_rewards.settings.RewardSettings`, default its defaults) with `changes` to its fields (e.g.
     `gate="absolute"`) say how. A prediction identical to its reference always scores 1.0 (component
-    `identical`), whatever the task; otherwise `value = base * g`, g the degeneration gate (`ocr_rewards.gate`).
+    `identical`), whatever the task; one over `max_pred_chars` scores 0 (`too_long`); a reference over
+    `MAX_REF_CHARS` by `long_reference_score`; otherwise `value = base * g`, g the degeneration gate
+    (`ocr_rewards.gate`).
     `table_bonus` is the reading of the table shape bonus (`ocr_rewards.table`); a table that is not identical to
     its reference carries `saturated` (1.0 when it still scores 1.0, so its group advantage vanishes).
 
@@ -52,9 +70,10 @@ def score(pred: str, ref: str, task: str, settings: RewardSettings | None = None
     """
     check_task(task)
     settings = settings_of(settings, **changes)
-    check_reference(ref)
     if len(pred) > settings.max_pred_chars and pred != ref:
         return RewardResult(0.0, {"too_long": 1.0}, task)
+    if len(ref) > MAX_REF_CHARS:
+        return long_reference_score(pred, ref, task)
     if task == "table":
         base, components = score_table(pred, ref, settings.table_bonus)
     else:

@@ -29,10 +29,10 @@ TIMEOUT_S = 10.0  # per completion in a batch; a 100x10 table scores in well und
 class RewardSettings:
     """The reading of the reward (`gate`, `table_bonus`) and its bounds (`max_pred_chars`, `timeout_s`)."""
 
-    gate: str = GATES[0]                 # degeneration gate (rewards.gate): relative to the reference's
-    table_bonus: str = TABLE_BONUS[0]    # the table shape bonus inside the clip, as published (rewards.table)
+    gate: str = "relative"               # degeneration gate (ocr_rewards.gate): relative to the reference's
+    table_bonus: str = "clipped"         # the table shape bonus inside the clip, as published (ocr_rewards.table)
     max_pred_chars: int = MAX_PRED_CHARS  # longer predictions score 0 unparsed
-    timeout_s: float = TIMEOUT_S         # per completion in a batch (rewards.trl_reward)
+    timeout_s: float = TIMEOUT_S         # per completion in a batch (ocr_rewards.trl_reward)
 
     def __post_init__(self) -> None:
         check_gate(self.gate)
@@ -66,8 +66,8 @@ class RewardFields:
         "help": "Reading of the table reward's shape bonus (docs/spec.md §4): 'clipped' (inside the clip, as published) "
                 "or 'scaled' (outside it, divided by 1.1, so only an exact table scores 1.0)."})
     gate: Literal[GATES] = field(default=DEFAULT.gate, metadata={
-        "help": "Degeneration gate of the reward (rewards.gate): 'relative' (to the reference's) or 'absolute'. "
-                "The TPF probe's held-out reward keeps the published reading (rewards.settings.HELD_OUT)."})
+        "help": "Degeneration gate of the reward (ocr_rewards.gate): 'relative' (to the reference's) or 'absolute'. "
+                "The TPF probe's held-out reward keeps the published reading (ocr_rewards.settings.HELD_OUT)."})
 
     @property
     def reward_settings(self) -> RewardSettings:

@@ -30,7 +30,7 @@ SHAPE_BONUS = 0.05       # each of "same row count" and "same column count"
 NO_TABLE_FACTOR = 0.15   # share of the text similarity a table-less output keeps
 MAX_COLSPAN = 1000       # a larger colspan counts as this many columns
 CELL_SEPARATOR = "\t"    # between cells in s_cell and in row keys (cell texts have no tabs)
-TABLE_BONUS = ("clipped", "scaled")  # readings of the shape bonus (module docstring); the first is the default
+TABLE_BONUS = ("clipped", "scaled")  # readings of the shape bonus (module docstring); default: `RewardSettings`
 
 
 @dataclass(frozen=True)
@@ -98,10 +98,10 @@ def check_table_bonus(table_bonus: str) -> None:
         raise ValueError(f"unknown table_bonus {table_bonus!r}; valid: {', '.join(TABLE_BONUS)}")
 
 
-def score_table(pred: str, ref: str, table_bonus: str = TABLE_BONUS[0]) -> tuple[float, dict[str, float]]:
+def score_table(pred: str, ref: str, table_bonus: str) -> tuple[float, dict[str, float]]:
     """Reward before the gate, with the shape bonus read as `table_bonus`, and its components.
 
-    >>> score_table("<table><tr><td>1</td><td>2</td></tr>", "<table><tr><td>1</td></tr></table>")
+    >>> score_table("<table><tr><td>1</td><td>2</td></tr>", "<table><tr><td>1</td></tr></table>", "clipped")
     (0.0, {'unclosed': 1.0})
     """
     if is_unclosed(pred):

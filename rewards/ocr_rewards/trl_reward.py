@@ -2,8 +2,9 @@
 
 `score_many` deduplicates identical (pred, ref, task) triples, groups the rest by reference (so a
 worker parses each reference once: `ocr_rewards.table.parse_table` and the gate are cached per process),
-and scores the groups in a pool of spawned worker processes (spawned, not forked, so a parent holding
-torch or vLLM threads is safe).
+and scores the groups in worker processes that run `python -m ocr_rewards.worker`: they never import the
+caller's `__main__` (an unguarded script runs once) nor inherit its torch or vLLM threads. A worker that
+cannot start or dies raises `RewardWorkerError` with its reason; it never turns into zero rewards.
 
 Bounds, so that a pathological output gets a low score and never hangs the trainer:
 - `RewardSettings.max_pred_chars` (`ocr_rewards.settings`) and the tree bounds of `ocr_rewards.zhang_shasha` cap the
@@ -11,24 +12,29 @@ Bounds, so that a pathological output gets a low score and never hangs the train
 - each completion gets `RewardSettings.timeout_s` seconds (SIGALRM in the scoring process); past it, it scores
   `TIMEOUT_SCORE` with the component `timeout`;
 - the parent waits at most `timeout_s * (rounds + 2) + POOL_START_S` for the whole batch; past that the
-  pool is killed (and rebuilt on the next call) and the unfinished completions score `TIMEOUT_SCORE`.
+  workers are killed (and restarted on the next call) and the unfinished completions score `TIMEOUT_SCORE`.
 """
 from __future__ import annotations
 
 import atexit
 import logging
 import math
-import multiprocessing
 import os
+import queue
 import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 
 from .result import RewardResult
 from .scoring import check_task, score
 from .settings import RewardSettings, settings_of
+from .worker import READY, receive, send
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +42,7 @@ TIMEOUT_SCORE = 0.0   # the reward of a completion that ran out of time
 POOL_START_S = 60.0   # slack for spawning workers (imports, numba cache) in the batch deadline
 MIN_PARALLEL = 32     # smaller batches are scored in the calling process
 
-_pools: dict[int, multiprocessing.pool.Pool] = {}
+_pools: dict[int, list] = {}  # worker count -> its running `_Worker`s, reused across batches
 
 
 class _Timeout(BaseException):
@@ -93,27 +99,106 @@ def _score_chunk(chunk: list[tuple[int, str, str, str]], settings: RewardSetting
     return out
 
 
-def _score_chunk_args(args):
-    return _score_chunk(*args)
-
-
 def _warm_worker() -> None:
     """Compile (or load from numba's disk cache) the tree-edit kernel before the first table."""
     score("<table><tr><td>a</td></tr></table>", "<table><tr><td>b</td></tr></table>", "table")
 
 
-def _pool(workers: int) -> multiprocessing.pool.Pool:
+class RewardWorkerError(RuntimeError):
+    """A reward worker process could not start or died; the message says why (its last stderr line)."""
+
+
+class _Worker:
+    """One `python -m ocr_rewards.worker` process (`ocr_rewards.worker` says why not `multiprocessing`)."""
+
+    def __init__(self):
+        self.stderr = tempfile.TemporaryFile()
+        package_root = str(Path(__file__).resolve().parents[1])  # the folder that holds ocr_rewards
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root,
+                                                                           os.environ.get("PYTHONPATH")]))}
+        self.process = subprocess.Popen([sys.executable, "-m", "ocr_rewards.worker"], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=self.stderr, env=env)
+        self.ready = False
+
+    def serve(self, todo: queue.SimpleQueue, done: queue.SimpleQueue, settings: RewardSettings) -> None:
+        """Score chunks from `todo` until it is empty, putting each result on `done` (`self` if this dies)."""
+        try:
+            if not self.ready:
+                self.ready = receive(self.process.stdout) == READY
+            while True:
+                try:
+                    chunk = todo.get_nowait()
+                except queue.Empty:
+                    return
+                send(self.process.stdin, (chunk, settings))
+                done.put(receive(self.process.stdout))
+        except (EOFError, OSError):
+            done.put(self)
+
+    def failure(self) -> str:
+        """Why this worker ended: its exit status and the last line it wrote to stderr."""
+        try:
+            code = self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        self.stderr.seek(0)
+        lines = [line for line in self.stderr.read().decode(errors="replace").splitlines() if line.strip()]
+        status = ("stopped answering" if code is None else f"was killed by signal {-code}" if code < 0
+                  else f"exited with status {code}")
+        return f"reward worker {status}" + (f": {lines[-1].strip()[:500]}" if lines else "")
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+        self.stderr.close()
+
+
+def _pool(workers: int) -> list[_Worker]:
     if workers not in _pools:
-        pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_warm_worker)
-        atexit.register(pool.terminate)
-        _pools[workers] = pool
+        _pools[workers] = [_Worker() for _ in range(workers)]
     return _pools[workers]
 
 
 def _drop_pool(workers: int) -> None:
-    pool = _pools.pop(workers, None)
-    if pool is not None:
-        pool.terminate()
+    for worker in _pools.pop(workers, []):
+        worker.stop()
+
+
+@atexit.register
+def _drop_pools() -> None:
+    for workers in list(_pools):
+        _drop_pool(workers)
+
+
+def _score_in_workers(chunks: list, settings: RewardSettings, workers: int, deadline: float,
+                      collect: Callable[[list], None]) -> None:
+    """Score `chunks` in the pool of `workers` processes, calling `collect` on each chunk's results.
+
+    Past `deadline` (time.monotonic) the pool is killed and the rest is left unscored (the caller scores it
+    `TIMEOUT_SCORE`); a worker that dies, or a pool that never started, raises `RewardWorkerError`.
+    """
+    pool = _pool(workers)
+    todo, done = queue.SimpleQueue(), queue.SimpleQueue()
+    for chunk in chunks:
+        todo.put(chunk)
+    for worker in pool:
+        threading.Thread(target=worker.serve, args=(todo, done, settings), daemon=True).start()
+    finished = False
+    try:
+        for _ in chunks:
+            result = done.get(timeout=max(0.0, deadline - time.monotonic()))
+            if isinstance(result, _Worker):
+                raise RewardWorkerError(result.failure())
+            collect(result)
+        finished = True
+    except queue.Empty:
+        if not all(worker.ready for worker in pool):
+            raise RewardWorkerError(f"reward workers did not start within {POOL_START_S:.0f} s") from None
+        log.error("reward batch ran past its deadline; its unscored items score %.1f; workers restarted",
+                  TIMEOUT_SCORE)
+    finally:
+        if not finished:
+            _drop_pool(workers)
 
 
 def default_workers() -> int:
@@ -173,15 +258,7 @@ def score_many(preds: Sequence[str], refs: Sequence[str], tasks: Sequence[str],
     else:
         chunks = _chunks(items, size=math.ceil(len(items) / (4 * workers)))
         deadline = time.monotonic() + timeout_s * (math.ceil(len(items) / workers) + 2) + POOL_START_S
-        finished = _pool(workers).imap_unordered(_score_chunk_args,
-                                                 [(c, settings) for c in chunks])
-        try:
-            for _ in chunks:
-                collect(finished.next(timeout=max(0.0, deadline - time.monotonic())))
-        except multiprocessing.TimeoutError:
-            log.error("reward batch ran past its deadline; %d of %d items scored %.1f, pool restarted",
-                      len(items) - len(results), len(items), TIMEOUT_SCORE)
-            _drop_pool(workers)
+        _score_in_workers(chunks, settings, workers, deadline, collect)
     by_key = {key: results.get(key) or _timed_out(task) for key, _, _, task in items}
     return [by_key[key] for key in index_keys]
 

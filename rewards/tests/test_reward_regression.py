@@ -89,6 +89,6 @@ def test_a_crash_is_never_the_failed_check_code(monkeypatch, tmp_path, capsys):
 
     monkeypatch.setattr(ocr_rewards.trl_reward, "score_many", broken)
     good = _write(tmp_path / "good.jsonl", [{"pred": "a", "ref": "a", "task": "text", "expect": 1}])
-    assert main(["check", str(good)]) == 3
+    assert main(["check", str(good)]) == 70
     err = capsys.readouterr().err
     assert "RuntimeError: a bug" in err and "internal error" in err

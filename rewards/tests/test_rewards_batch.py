@@ -85,3 +85,58 @@ def test_reward_is_picklable_with_its_settings():
     assert reward.settings == RewardSettings(gate="absolute", table_bonus="scaled")
     with pytest.raises(ValueError, match="valid gates"):
         OcrReward(gate="off")
+
+
+DROP_IN = '''
+from pathlib import Path
+from ocr_rewards import OcrReward
+
+with open("runs.txt", "a") as runs:  # one line per run of this top level
+    runs.write("run\\n")
+reward = OcrReward()
+preds = [f"<table><tr><td>{i}</td><td>x</td></tr></table>" for i in range(96)]
+scores = reward(None, preds, target=["<table><tr><td>1</td><td>x</td></tr></table>"] * 96, task_type=["table"] * 96)
+long_ref = "word " * 20_000
+scores += reward(None, [long_ref, "word word"], target=[long_ref] * 2, task_type=["text"] * 2)
+Path("scores.txt").write_text(" ".join(map(str, scores)))
+'''
+
+
+def test_an_unguarded_script_runs_once(tmp_path):
+    """The README's snippet in a script without `if __name__ == "__main__":`, in workers, with a reference
+    over MAX_REF_CHARS: its top level runs once, every score is in [0, 1], it exits 0."""
+    import subprocess
+    import sys
+
+    (tmp_path / "train.py").write_text(DROP_IN)
+    done = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "runs.txt").read_text() == "run\n"
+    scores = [float(x) for x in (tmp_path / "scores.txt").read_text().split()]
+    assert len(scores) == 98 and all(0.0 <= s <= 1.0 for s in scores)
+    assert scores[1] == 1.0 and scores[96] == 1.0 and 0.0 < scores[97] < 0.01  # "word word" vs 100,000 chars
+
+
+def test_long_references_get_the_raw_similarity():
+    from ocr_rewards.scoring import MAX_LONG_REF_CHARS, MAX_REF_CHARS
+
+    ref, pred = ("<table><tr><td>" + "a" * n + "</td></tr></table>" for n in (MAX_REF_CHARS, 60_000))
+    result = score(pred, ref, "table")
+    assert result.components == {"long_ref": 1.0} and result.value == pytest.approx(1 - 5_536 / len(ref))
+    assert score(ref, ref, "table").value == 1.0
+    assert score("a", "a" * (MAX_LONG_REF_CHARS + 1), "text").value == 0.0
+
+
+def test_a_worker_that_cannot_start_names_its_cause(monkeypatch, tmp_path):
+    """A worker that cannot start raises an error with its last stderr line: never zero rewards."""
+    from ocr_rewards.trl_reward import RewardWorkerError, _drop_pool
+
+    broken = tmp_path / "python"
+    broken.write_text("#!/bin/sh\necho 'starting' >&2\necho 'no module named numba' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    _drop_pool(2)
+    monkeypatch.setattr("sys.executable", str(broken))
+    preds = [f"<table><tr><td>{i}</td></tr></table>" for i in range(MIN_PARALLEL)]
+    with pytest.raises(RewardWorkerError, match="reward worker exited with status 1: no module named numba$"):
+        score_many(preds, [TABLE] * len(preds), ["table"] * len(preds), workers=2)
+    _drop_pool(2)

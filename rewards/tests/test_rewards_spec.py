@@ -131,7 +131,7 @@ def test_long_run_of_one_character_closes_the_gate():
 def test_gate_is_relative_to_the_reference():
     looping_ref = " ".join(["the same words again"] * 12)   # rho8 well below 1
     assert degeneration(looping_ref) < 0.5
-    assert gate(looping_ref, looping_ref) == 1.0
+    assert gate(looping_ref, looping_ref, "relative") == 1.0
     assert gate(looping_ref, looping_ref, "absolute") == degeneration(looping_ref)
     assert score(looping_ref + " !", looping_ref, "text", gate="absolute").value < 0.5
 

@@ -12,7 +12,7 @@ another `--probe-set` re-evaluates a finished comparison on it without training 
 
 The first arm is the reference: every other arm is paired with it (`grpo.evaluation.stats`), and every
 arm with the starting model (held-out change). On a built-in synthetic probe set the report also counts, per
-error kind of `grpo.synthetic.world.MISLABELS`, the probe decision points where greedy output errs that way, before
+error kind of `grpo.synthetic.mislabels.MISLABELS`, the probe decision points where greedy output errs that way, before
 and after (McNemar), and the outputs with more lines / rows / closing braces than their target.
 
 Example:
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from grpo.evaluation import stats as compare_stats
-from grpo.training.run_dir import RunDir
+from grpo.evaluation.run_dir import RunDir
 
 EVAL_FILE, START_FILE, REPORT_FILE, PLOT_FILE = "eval.json", "start.json", "compare.json", "compare.png"
 TRAINED_FILE = "wall_time.json"  # the trainer writes it once training has finished
@@ -131,10 +131,11 @@ def start_rows(model: str, out: Path, probe: dict) -> list[dict]:
 
 
 def error_kinds(probe_set: str, probe_size: int, start: list[dict], runs: dict[int, list[dict]]) -> dict | None:
-    """Per error kind of `grpo.synthetic.world.MISLABELS`: probe decision points greedy gets wrong at the start and
+    """Per error kind of `grpo.synthetic.mislabels.MISLABELS`: probe decision points greedy gets wrong at the start and
     after training (pooled over seeds, McNemar), and over-generation counts; None for a non-synthetic probe."""
-    from grpo.synthetic.world import MISLABELS, UNITS, Example, generate, is_builtin, wrong_at
-
+    from grpo.synthetic.crops import Example
+    from grpo.synthetic.mislabels import MISLABELS, UNITS, wrong_at
+    from grpo.synthetic.splits import generate, is_builtin
     if not is_builtin(probe_set):
         return None
     rows = generate(probe_set, probe_size)

@@ -24,6 +24,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
+from ocr_rewards.jsonl import read_json_object
+
 RUN_CONFIG = "run_config.json"
 METRICS_JSONL = "metrics.jsonl"
 WALL_TIME = "wall_time.json"
@@ -43,7 +45,20 @@ def _write_jsonl(path: Path, records: Iterable[dict]) -> None:
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    """The records of a run's jsonl file ([] when absent); a `ConfigError` naming the first damaged line."""
+    from grpo.yaml_config import ConfigError
+    from ocr_rewards.jsonl import read_lines
+
+    if not path.is_file():
+        return []
+    records = []
+    for number, record, problem in read_lines(path, "run file"):
+        if problem is None and not isinstance(record, dict):
+            problem = "not a JSON object"
+        if problem:
+            raise ConfigError(f"{path} is damaged: line {number}: {problem}")
+        records.append(record)
+    return records
 
 
 class RunDir:
@@ -80,9 +95,11 @@ class RunDir:
         self.file(RUN_CONFIG).write_text(config_json)
 
     def read_config(self) -> dict[str, Any]:
-        """The run's config, or {} for a folder without one."""
+        """The run's config, or {} for a folder without one; a `ConfigError` naming a damaged one."""
+        from grpo.yaml_config import ConfigError
+
         path = self.file(RUN_CONFIG)
-        return json.loads(path.read_text()) if path.is_file() else {}
+        return read_json_object(path, ConfigError) if path.is_file() else {}
 
     def write_wall_time(self, split: dict[str, float]) -> None:
         self.file(WALL_TIME).write_text(json.dumps(split, indent=2) + "\n")
