@@ -60,6 +60,19 @@ def tpf_bench_of(records: Iterable[Mapping[str, Any]]) -> float | None:
     return sum(r["text_tokens"] for r in records) / sum(r["forwards"] + 1 for r in records)
 
 
+Z_95 = 1.96  # two-sided 95% normal quantile
+
+
+def mean_interval(values: list[float]) -> tuple[float, float] | None:
+    """95% normal-approximation interval of the mean of `values` (None with fewer than two)."""
+    n = len(values)
+    if n < 2:
+        return None
+    mean = sum(values) / n
+    half = Z_95 * (sum((v - mean) ** 2 for v in values) / (n - 1) / n) ** 0.5
+    return mean - half, mean + half
+
+
 def summarize(records: list[dict]) -> dict:
     """Aggregate per-prompt records: ratios of sums, plus counts."""
     accepted = [a for r in records for a in r["accepted"]]
@@ -73,6 +86,7 @@ def summarize(records: list[dict]) -> dict:
         "ar_equal_rate": sum(compared) / len(compared) if compared else None,
         "ar_compared": len(compared),
         "reward": sum(r["reward"] for r in scored) / len(scored) if scored else None,
+        "reward_interval": mean_interval([r["reward"] for r in scored]),
         "exact_rate": sum(r["exact"] for r in scored) / len(scored) if scored else None,
         "tokens": sum(r["tokens"] for r in records),
         "forwards": sum(r["forwards"] for r in records),

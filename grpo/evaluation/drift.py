@@ -71,6 +71,8 @@ def probe_metrics(stats: dict, ranks: int = 1, sampled: dict | None = None) -> d
                "tpf/truncated": stats["truncated"],
                "tpf/n": stats["n"], "tpf/ranks": ranks,
                "eval/reward": stats["reward"], "eval/exact": stats["exact_rate"]}
+    if stats.get("reward_interval"):
+        metrics["eval/reward_low"], metrics["eval/reward_high"] = stats["reward_interval"]
     for task, s in stats["by_task"].items():
         metrics[f"tpf/{task}"] = s["tpf"]
         metrics[f"eval/{task}/reward"] = s["reward"]
@@ -102,7 +104,7 @@ def drift_records(log_history: list[dict], settings: dict | None = None) -> list
 
     Keys: `step`, `tpf`, `tpf_by_task`, `tpf_bench`, `tpf_sampled`, `tpf_sampled_by_task`,
     `accepted_per_round`, `ar_equal_rate`, `ar_compared`, `eval_reward` (of the self-speculative output),
-    `eval_reward_by_task`, `eval_exact`, `n` (probe prompts), `ranks` (processes that decoded a shard),
+    `eval_reward_low` and `eval_reward_high` (its 95% interval), `eval_reward_by_task`, `eval_exact`, `n` (probe prompts), `ranks` (processes that decoded a shard),
     `truncated`, and `reward`: the training reward of the last logged step (None before the first).
     """
     records, reward = [], None
@@ -120,7 +122,8 @@ def drift_records(log_history: list[dict], settings: dict | None = None) -> list
                                     if k.startswith("tpf_sampled/")},
             "accepted_per_round": entry.get("tpf/accepted_per_round"),
             "ar_equal_rate": entry.get("tpf/ar_equal_rate"), "ar_compared": _int(entry.get("tpf/ar_compared")),
-            "eval_reward": entry.get("eval/reward"),
+            "eval_reward": entry.get("eval/reward"), "eval_reward_low": entry.get("eval/reward_low"),
+            "eval_reward_high": entry.get("eval/reward_high"),
             "eval_reward_by_task": {t: entry[f"eval/{t}/reward"] for t in sorted(tasks)
                                     if f"eval/{t}/reward" in entry},
             "eval_exact": entry.get("eval/exact"),

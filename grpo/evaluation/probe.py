@@ -58,7 +58,8 @@ class TpfProbeCallback(TrainerCallback):
         if state.global_step == 0 and not drift_records(state.log_history):
             self.trainer.log(self._measure(args, state))  # the step-0 baseline, a log entry of its own
         elif state.is_world_process_zero:  # resumed: redraw from the history restored with the checkpoint
-            RunDir(args.output_dir).write_drift(drift_records(state.log_history, self.settings()))
+            RunDir(args.output_dir).write_drift(drift_records(state.log_history, self.settings()),
+                                                tpf_floor=args.tpf_floor)
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -73,7 +74,7 @@ class TpfProbeCallback(TrainerCallback):
         if "tpf/mean" in (logs or {}):
             records = drift_records(state.log_history, self.settings())
             if state.is_world_process_zero:
-                RunDir(args.output_dir).write_drift(records)
+                RunDir(args.output_dir).write_drift(records, tpf_floor=args.tpf_floor)
             self._check_floor(args, control, records)
         return control
 
