@@ -39,4 +39,4 @@ def test_lora_checkpoint_mines_with_its_merged_weights(tmp_path):
 
     served = records(adapter, tmp_path / "vllm")
     assert served == records(adapter, tmp_path / "hf", hf_generate=True)  # HF greedy of the merged model
-    assert served != records(base, tmp_path / "base", hf_generate=True)  # the adapters change what is decoded
+    assert served != records(base, tmp_path / "mined_base", hf_generate=True)  # the adapters change what is decoded
