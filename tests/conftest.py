@@ -18,7 +18,21 @@ def text_ckpt(tmp_path_factory):
 def engine(text_ckpt):
     """A vLLM engine on `text_ckpt` in float32 (HF's decoding dtype), started as GRPO and mining start it:
     in a process where numba has already compiled the TEDS kernel. One per module: tests may sync new
-    weights into it. The rendezvous variables vLLM writes into the environment go with it (a later
+    weights into it."""
+    yield from _started_engine(text_ckpt)
+
+
+@pytest.fixture(scope="module")
+def drafted_engine():
+    """As `engine`, on the tiny joint checkpoint, drafting with its own block-diffusion path
+    (`vllm_self_speculation`)."""
+    from grpo.checkpoint import resolve_model
+
+    yield from _started_engine(resolve_model("tiny"), self_speculation=True)
+
+
+def _started_engine(model_dir, **kwargs):
+    """The rendezvous variables vLLM writes into the environment go with the engine (a later
     `TrainingArguments` would take the process for a rank of a launch)."""
     from grpo.rollouts.engine import make_llm
     from helpers_env import RENDEZVOUS
@@ -26,7 +40,7 @@ def engine(text_ckpt):
 
     before = {key: os.environ.get(key) for key in RENDEZVOUS}
     assert teds("<table><tr><td>a</td></tr></table>", "<table><tr><td>b</td></tr></table>") == 1.0
-    yield make_llm(text_ckpt, max_model_len=512, dtype="float32")
+    yield make_llm(model_dir, max_model_len=512, dtype="float32", **kwargs)
     for key, value in before.items():
         if value is None:
             os.environ.pop(key, None)

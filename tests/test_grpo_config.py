@@ -95,6 +95,9 @@ def test_malformed_yaml(tmp_path):
     ({"load_in_4bit": True}, "set use_peft: true"),
     ({"use_peft": True, "lora_r": 0}, "LoRA settings out of range"),
     ({"num_generations": 3, "per_device_train_batch_size": 8}, "divisible by num_generations"),  # TRL's own check
+    ({"vllm_self_speculation": True}, "set use_vllm: true and vllm_mode: colocate"),
+    ({"vllm_self_speculation": True, "use_vllm": True, "min_p": 0.05}, "refuses min_p and logit_bias"),
+    ({"vllm_draft_length": 5}, "needs vllm_self_speculation: true"),
 ])
 def test_cross_field_errors(tmp_path, values, message):
     with pytest.raises(ConfigError, match=message):

@@ -45,3 +45,19 @@ def test_tpf_floor_stops_and_saves(tmp_path):
     assert all(r["tpf"] >= 0.8 * records[0]["tpf"] for r in records[:-1])  # it stopped at the first breach
     assert sorted(p.name for p in out.glob("checkpoint-*")) == [f"checkpoint-{stop}"]  # save_steps never hit
     load_checkpoint(out / f"checkpoint-{stop}", need_drafter=True)
+
+
+def test_self_drafted_rollouts_keep_the_policys_distribution(tmp_path):
+    """Check `engine-selfspec`: with the engine drafting for itself, the rollouts' logprobs stay the policy's
+    (TRL's sampling_logp_difference, as small as without speculation) and each target forward makes >= 3 tokens."""
+    from grpo.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(TINY_CONFIG), "--output-dir", str(out), "--max-steps", "2",
+                 "--tpf-every", "0", "--set", "vllm_self_speculation=true"]) == 0
+    steps = [e for e in map(json.loads, (out / "metrics.jsonl").open()) if "loss" in e]
+    assert len(steps) == 2
+    for entry in steps:
+        assert entry["sampling/sampling_logp_difference/max"] <= 0.05, entry
+        assert entry["rollout/tokens_per_target_forward"] >= 3.0, entry
+        assert entry["rollout/accepted_per_draft"] > 0, entry

