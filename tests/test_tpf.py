@@ -173,6 +173,7 @@ def _write_pool(path, rows):
 def test_cli_writes_json(text_dir, rows, tmp_path, capsys):
     pool = _write_pool(tmp_path / "pool.jsonl", rows)
     out = tmp_path / "stats" / "tpf.json"
+    out.parent.mkdir()  # --out writes into an existing folder only (grpo.outputs)
     code = main(["tpf", "--model", str(text_dir), "--data", str(pool), "--limit", "4", "--compare-ar",
                  "--max-new-tokens", "24", "--out", str(out)])
     assert code == 0
