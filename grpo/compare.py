@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -84,6 +85,7 @@ def evaluate(model: str | Path, probe_set: str, probe_size: int, max_new_tokens:
     rows = load_pool(probe_set)
     rows = rows.select(range(min(probe_size, len(rows))))
     ckpt = load_checkpoint(model, need_drafter=True)  # LoRA checkpoints: merged into the base their config names
+    logging.getLogger(__name__).info("evaluating %s", ckpt.source.describe())
     stats = measure_tpf(ckpt.model, ckpt.processor, rows, ckpt.bd, is_vlm=ckpt.is_vlm,
                         max_new_tokens=max_new_tokens, compare_ar=True, score=True, progress=False)
     tok = tokenizer_of(ckpt.processor)

@@ -9,8 +9,8 @@
   decoder) with the same kind of tokenizer plus GLM-OCR's image tokens.
 - `build_vllm_glmocr(dir)`: that model shaped so vLLM serves it as transformers runs it, with the full
   torchvision-backed processor; `build_tiny_vlm(root)` the committed data/tiny/vlm (model, pool, probe).
-- `build_glm_processor(tokenizer)`: GLM-OCR's real `Glm46VProcessor` around the PIL image processor and a
-  GLM-style chat template, for `encode_prompt`.
+- `build_glm_processor(tokenizer)`: GLM-OCR's real `Glm46VProcessor` around the PIL image processor and
+  GLM-OCR's chat template (tests/glm_ocr_chat_template.jinja), for `encode_prompt`.
 """
 from __future__ import annotations
 
@@ -23,11 +23,18 @@ import torch
 EOS = "<|endoftext|>"
 IMAGE_TOKENS = ("<|image|>", "<|begin_of_image|>", "<|end_of_image|>", "<|video|>",
                 "<|begin_of_video|>", "<|end_of_video|>")
-# GLM-OCR's request layout: system prefix, user turn with the image then the task prompt, assistant turn.
-GLM_CHAT_TEMPLATE = (
-    "[gMASK]<sop>{% for m in messages %}<|{{ m.role }}|>\n{% for c in m.content %}"
-    "{% if c.type == 'image' %}<|begin_of_image|><|image|><|end_of_image|>{% else %}{{ c.text }}{% endif %}"
-    "{% endfor %}{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+# GLM-OCR's special tokens (its tokenizer_config.json `extra_special_tokens`, after `<|endoftext|>`): the
+# prompt prefix, role, image/video, audio, code, reasoning, tool and box tokens.
+GLM_SPECIAL_TOKENS = (
+    "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>",
+    "<|begin_of_image|>", "<|end_of_image|>", "<|begin_of_video|>", "<|end_of_video|>", "<|begin_of_audio|>",
+    "<|end_of_audio|>", "<|begin_of_transcription|>", "<|end_of_transcription|>", "<|code_prefix|>",
+    "<|code_middle|>", "<|code_suffix|>", "<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
+    "</tool_response>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "/nothink", "<|begin_of_box|>",
+    "<|end_of_box|>", "<|image|>", "<|video|>")
+# GLM-OCR's chat template (GLM-4.6V family): `[gMASK]<sop>`, `<|user|>` then the image as
+# `<|begin_of_image|><|image|><|end_of_image|>` and the task prompt, then `<|assistant|>`.
+GLM_CHAT_TEMPLATE = (Path(__file__).parent / "glm_ocr_chat_template.jinja").read_text()
 CHARS = string.ascii_letters + string.digits + string.punctuation + " \n"
 
 
@@ -70,7 +77,8 @@ def build_text_checkpoint(out_dir: Path, bd_size: int = 8, seed: int = 0, hidden
 def build_glmocr_checkpoint(out_dir: Path, bd_size: int = 8, seed: int = 0, init_std: float = 0.2,
                             head_dim: int = 16, temporal_patch_size: int = 1, patch_size: int = 2,
                             intermediate_size: int = 128, head_std: float | None = None) -> Path:
-    """Random tiny GlmOcrForConditionalGeneration + tokenizer with image tokens + `<|mask|>`, joint format.
+    """Random tiny GlmOcrForConditionalGeneration + tokenizer with GLM-OCR's special tokens + `<|mask|>`, joint
+    format.
     For vLLM: `head_dim` 32, 64 or 80 (its CPU attention's sizes; 32 or more for CUDA) and
     `temporal_patch_size` 2 (vLLM's GLM-4.1V code sizes images with two frames, as the real GLM-OCR has) and
     `intermediate_size` 192 (vLLM sizes the vision merger's MLP by the text MLP width, HF by 3 x the vision
@@ -80,7 +88,7 @@ def build_glmocr_checkpoint(out_dir: Path, bd_size: int = 8, seed: int = 0, init
     from transformers import GlmOcrConfig, GlmOcrForConditionalGeneration
 
     out_dir = Path(out_dir)
-    tok = build_char_tokenizer(out_dir / "_tokenizer", extra_special=IMAGE_TOKENS)
+    tok = build_char_tokenizer(out_dir / "_tokenizer", extra_special=GLM_SPECIAL_TOKENS)
     ids = dict(zip(IMAGE_TOKENS, tok.convert_tokens_to_ids(list(IMAGE_TOKENS))))
     torch.manual_seed(seed)
     mrope_section = [head_dim // 8, 3 * head_dim // 16, head_dim // 2 - head_dim // 8 - 3 * head_dim // 16]

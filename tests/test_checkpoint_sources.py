@@ -13,7 +13,6 @@ import torch
 
 from grpo.checkpoint import (BD_FILE, TINY_MODEL, CheckpointError, copy_metadata, load_checkpoint, locate,
                              resolve_model)
-from grpo.cli import main
 from helpers_cli import refused
 
 HUB_ID = "acme/tiny-gravity"

@@ -41,15 +41,18 @@ def test_probe_metrics_names_and_drops_missing():
 
 
 def test_drift_records_carry_tpf_held_out_reward_and_the_training_reward_logged_with_or_before_the_probe():
-    assert drift_records(HISTORY) == [
+    settings = {"preset": "cpu", "dtype": "float32"}
+    assert drift_records(HISTORY, settings) == [
         {"step": 0, "tpf": 3.2, "tpf_by_task": {"table": 4.0, "text": 2.5}, "tpf_bench": 3.0, "tpf_sampled": 2.1,
          "tpf_sampled_by_task": {"text": 1.9}, "accepted_per_round": 4.5,
-         "ar_equal_rate": 1.0, "ar_compared": 6, "eval_reward": 0.8, "eval_reward_by_task": {"table": 0.9, "text": 0.7},
-         "eval_exact": 0.5, "n": 6, "ranks": 2, "truncated": 0, "reward": None},
+         "ar_equal_rate": 1.0, "ar_compared": 6, "eval_reward": 0.8, "eval_reward_low": None,
+         "eval_reward_high": None, "eval_reward_by_task": {"table": 0.9, "text": 0.7},
+         "eval_exact": 0.5, "n": 6, "ranks": 2, "truncated": 0, "reward": None, "settings": settings},
         {"step": 2, "tpf": 3.1, "tpf_by_task": {"text": 2.4}, "tpf_bench": None, "tpf_sampled": None,
          "tpf_sampled_by_task": {}, "accepted_per_round": 4.2, "ar_equal_rate": None, "ar_compared": None,
-         "eval_reward": None, "eval_reward_by_task": {}, "eval_exact": None, "n": None, "ranks": None,
-         "truncated": None, "reward": 0.61},
+         "eval_reward": None, "eval_reward_low": None, "eval_reward_high": None, "eval_reward_by_task": {},
+         "eval_exact": None, "n": None, "ranks": None,
+         "truncated": None, "reward": 0.61, "settings": settings},
     ]
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from grpo.errors import UserError
-from helpers_models import IMAGE_TOKENS, build_glmocr_checkpoint, write_image_pool
+from helpers_models import GLM_SPECIAL_TOKENS, IMAGE_TOKENS, build_glmocr_checkpoint, write_image_pool
 
 pytestmark = pytest.mark.slow
 
@@ -62,9 +62,9 @@ def test_vlm_grpo_with_hf_generation_and_image_probe(vlm):
     before = {k: v.clone() for k, v in ckpt.model.state_dict().items()}
     pool = load_pool(str(pool_path))
     # A random model emits any token; an image token inside a completion breaks GLM-OCR's 3D positions
-    # (a trained model never writes one), so the rollouts may not sample them.
-    image_tokens = processor.tokenizer.convert_tokens_to_ids(list(IMAGE_TOKENS))
-    config = load_config(None, dict(generation_kwargs={"suppress_tokens": image_tokens},
+    # (a trained model never writes one or another template token), so the rollouts may not sample them.
+    template_tokens = processor.tokenizer.convert_tokens_to_ids(list(GLM_SPECIAL_TOKENS))
+    config = load_config(None, dict(generation_kwargs={"suppress_tokens": template_tokens},
         output_dir=str(root / "run"), max_steps=2, per_device_train_batch_size=6, num_generations=2,
         max_completion_length=8, use_vllm=False, logging_steps=1, learning_rate=1e-2, tpf_every=1,
         tpf_max_new_tokens=8, bf16=False, use_cpu=True, gradient_checkpointing=False, save_strategy="no",
@@ -82,7 +82,7 @@ def test_vlm_grpo_with_hf_generation_and_image_probe(vlm):
     assert {"ocr/table/reward", "ocr/text/reward", "ocr/formula/reward"} <= {k for e in trained for k in e}
     assert [e["step"] for e in history if "tpf/mean" in e] == [0, 1, 2]
     assert all(e["tpf/ar_equal_rate"] == 1.0 for e in history if "tpf/mean" in e)  # fp32 self-spec == AR
-    assert trained[0]["grad_norm"] > 0
+    assert any(e["grad_norm"] > 0 for e in trained), trained  # a step whose groups all tie has none
     assert any(not torch.equal(v, before[k]) for k, v in trainer.model.state_dict().items())
 
 
@@ -141,8 +141,37 @@ def test_prompt_ids_and_mm_token_type_ids_agree_or_are_refused(tmp_path, templat
         check_prompt_alignment(processor, row)
     else:
         with pytest.raises(PromptAlignmentError, match=r"to (\d+) ids through its chat template but to (?!\1)\d+ .*"
-                                                       "BOS token '<bos>'"):
+                                                       r"adds \['<bos>'\] \(BOS token '<bos>'\)"):
             check_prompt_alignment(processor, row)
+
+
+def test_committed_tiny_vlm_speaks_glm_ocrs_template(tmp_path):
+    """data/tiny/vlm/model: GLM-OCR's chat template and special tokens, one token each; TRL's two tokenizations
+    agree on it; a tokenizer that also adds `[gMASK]<sop>` on plain text is refused with the fix."""
+    from tokenizers import processors
+
+    from grpo.checkpoint import TINY_MODEL, load_checkpoint
+    from grpo.prompting import user_turn
+    from grpo.rollouts.image_prompts import PromptAlignmentError, check_prompt_alignment
+    from helpers_models import GLM_CHAT_TEMPLATE, random_image
+
+    processor = load_checkpoint(TINY_MODEL.parent / "vlm" / "model").processor
+    tok = processor.tokenizer
+    assert processor.chat_template == GLM_CHAT_TEMPLATE
+    assert all(len(tok(t, add_special_tokens=False)["input_ids"]) == 1 for t in GLM_SPECIAL_TOKENS)
+    image = random_image(torch.Generator().manual_seed(0), 16, 16)
+    text = processor.apply_chat_template([user_turn("Text Recognition:", image)], add_generation_prompt=True,
+                                         tokenize=False)
+    assert text == ["[gMASK]<sop><|user|>\n<|begin_of_image|><|image|><|end_of_image|>Text Recognition:<|assistant|>"]
+    row = {"prompt": user_turn("Text Recognition:"), "image": image}
+    check_prompt_alignment(processor, row)
+
+    prefix = tok.convert_tokens_to_ids(["[gMASK]", "<sop>"])
+    tok._tokenizer.post_processor = processors.TemplateProcessing(
+        single="[gMASK] <sop> $A", special_tokens=list(zip(["[gMASK]", "<sop>"], prefix)))
+    with pytest.raises(PromptAlignmentError, match=r"writes \['\[gMASK\]', '<sop>'\] and the tokenizer adds them "
+                                                   r"again.*starts with them twice.*post_processor"):
+        check_prompt_alignment(processor, row)
 
 
 @pytest.mark.parametrize("text, vision, message", [

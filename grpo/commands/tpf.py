@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
 STAMP = "gravity-grpo tpf"  # in each file it writes (grpo.outputs)
+DEFAULT_MAX_NEW_TOKENS = 512  # the output cap where neither --max-new-tokens nor the preset gives one
 HELP = "measure the drafter's tokens per forward (self-speculative or direct diffusion) on a prompt pool"
 
 
@@ -22,7 +24,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-bad", action="store_true", help="leave malformed pool rows out (listed) "
                                                                  "instead of stopping")
     parser.add_argument("--bd-size", type=int, default=None, help="draft block size B (default: the checkpoint's)")
-    parser.add_argument("--max-new-tokens", type=int, default=512, help="output cap per prompt")
+    parser.add_argument("--preset", choices=("cpu", "gravityocr"), default="cpu",
+                        help="decode settings (grpo/decoding/presets.py): cpu, the tiny world's (fp32, one cap); "
+                             "gravityocr, GravityOCR's published decode (bf16, caps per task, crops resized to "
+                             "a 768 long side, stop at the tokenizer's EOS)")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help="output cap per prompt (default: the preset's per task, else 512)")
     parser.add_argument("--compare-ar", action="store_true", help="also decode AR greedy; report the equal share")
     parser.add_argument("--batch-size", type=int, default=1, help="prompts decoded at once (selfspec mode); "
                                                                   "greedy output is the same at every size")
@@ -34,7 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                              "(the GRPO reward of the decoded output)")
     parser.add_argument("--mode", choices=("selfspec", "diffusion"), default="selfspec", help="decoder")
     parser.add_argument("--tau", type=float, default=0.9, help="confidence threshold of --mode diffusion")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="model dtype")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                        help="model dtype (default: the preset's)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--out", type=Path, default=None, help="write the statistics as JSON here (its folder "
                                                                "must exist)")
@@ -116,6 +124,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit must be >= 1, got {args.limit}")
+    from grpo.decoding.presets import preset_named
+
+    preset = preset_named(args.preset)
+    if args.max_new_tokens is not None and preset.max_new_tokens:
+        preset = dataclasses.replace(preset, max_new_tokens=None)  # the flag's one cap replaces the preset's
+    args.max_new_tokens = args.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
+    args.dtype = args.dtype or preset.dtype
     _check_decoding(args, UserError)
     device = torch_device_named(args.device) if args.device is not None else torch_device()
     out = output_file(args.out, "--out", stamp=STAMP, inputs=[args.pool, args.model], overwrite=args.overwrite)
@@ -129,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     stats = measure_tpf(ckpt.model, ckpt.processor, pool, ckpt.bd, is_vlm=ckpt.is_vlm, bd_size=args.bd_size,
                         max_new_tokens=args.max_new_tokens, compare_ar=args.compare_ar, mode=args.mode,
                         tau=args.tau, score=args.score, batch_size=args.batch_size, temperature=args.temperature,
-                        samples=args.samples, seed=args.seed)
+                        samples=args.samples, seed=args.seed, preset=preset)
     stats = {"written_by": STAMP, **stats, "model": str(ckpt.path), "pool": args.pool}
     console.print(_table(stats))
     console.print(f"decode wall time {stats['wall_s']:.2f} s at batch size {args.batch_size}", markup=False)

@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
                       f"self-speculative output {r['eval_reward']:.3f} on {r['n']} prompts, AR-equal "
                       f"{r['ar_equal_rate']:.0%}", markup=False)
     png = RunDir(args.out or args.run_dir).write_drift(records, OUT_NAME,
-                                                       title=f"Saved checkpoints of {args.run_dir.name}")
+                                                       title=f"Saved checkpoints of {args.run_dir.name}",
+                                                       tpf_floor=run_dir.read_config().get("tpf_floor"))
     console.print(f"wrote {png.with_suffix('.jsonl')} and {png}", markup=False)
     return 0

@@ -24,8 +24,8 @@ import ocr_rewards as rewards
 from grpo.checkpoint import BlockDiffusionConfig, CheckpointError, tokenizer_of
 from grpo.decoding.batched import BatchARDecoder, BatchDecoder, Sampler
 from grpo.decoding.diffusion import diffusion_generate
-from grpo.decoding.kv_session import stop_token_ids
-from grpo.prompting import encode_prompt
+from grpo.decoding.presets import PRESETS, DecodePreset, settings_record
+from grpo.prompting import encode_prompt, load_image
 from ocr_rewards.settings import HELD_OUT, RewardSettings
 
 MODES = ("selfspec", "diffusion")
@@ -60,6 +60,19 @@ def tpf_bench_of(records: Iterable[Mapping[str, Any]]) -> float | None:
     return sum(r["text_tokens"] for r in records) / sum(r["forwards"] + 1 for r in records)
 
 
+Z_95 = 1.96  # two-sided 95% normal quantile
+
+
+def mean_interval(values: list[float]) -> tuple[float, float] | None:
+    """95% normal-approximation interval of the mean of `values` (None with fewer than two)."""
+    n = len(values)
+    if n < 2:
+        return None
+    mean = sum(values) / n
+    half = Z_95 * (sum((v - mean) ** 2 for v in values) / (n - 1) / n) ** 0.5
+    return mean - half, mean + half
+
+
 def summarize(records: list[dict]) -> dict:
     """Aggregate per-prompt records: ratios of sums, plus counts."""
     accepted = [a for r in records for a in r["accepted"]]
@@ -73,6 +86,7 @@ def summarize(records: list[dict]) -> dict:
         "ar_equal_rate": sum(compared) / len(compared) if compared else None,
         "ar_compared": len(compared),
         "reward": sum(r["reward"] for r in scored) / len(scored) if scored else None,
+        "reward_interval": mean_interval([r["reward"] for r in scored]),
         "exact_rate": sum(r["exact"] for r in scored) / len(scored) if scored else None,
         "tokens": sum(r["tokens"] for r in records),
         "forwards": sum(r["forwards"] for r in records),
@@ -96,7 +110,8 @@ def decode_rows(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
                 max_new_tokens: int = 512, compare_ar: bool | Collection[int] = False, mode: str = "selfspec",
                 tau: float = 0.9, score: bool = False, reward_settings: RewardSettings = HELD_OUT,
                 progress: bool = True, batch_size: int = 1,
-                temperature: float = 0.0, samples: int = 1, seed: int = 0) -> list[dict]:
+                temperature: float = 0.0, samples: int = 1, seed: int = 0,
+                preset: DecodePreset = PRESETS["cpu"]) -> list[dict]:
     """Decode every row with the drafter (`mode` "selfspec", or "diffusion" with threshold `tau`, batch 1).
 
     Self-speculative decoding runs `batch_size` prompts at once: greedy at `temperature` 0 (outputs equal to
@@ -110,6 +125,8 @@ def decode_rows(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
     `score`: the task reward of the decoded output against the row's `target`, read with
     `reward_settings`, default `ocr_rewards.settings.HELD_OUT`), `length_bin`, `wall_s` (the
     row's share of its batch's decode time). The model's train/eval mode is restored afterwards.
+    `preset` (`grpo.decoding.presets`) sets the output cap per task (`max_new_tokens` where it has none), the
+    stop ids and the crop resizing.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -121,15 +138,24 @@ def decode_rows(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
         raise ValueError("diffusion mode decodes greedily at batch 1: leave batch_size, temperature and samples")
     if temperature > 0 and compare_ar:
         raise ValueError("AR equality is a greedy check: compare_ar needs temperature 0")
-    size = bd_size or bd.bd_size
-    tokenizer = tokenizer_of(processor)
-    stops = stop_token_ids(model, tokenizer)
-    sampler = Sampler(temperature, torch.Generator().manual_seed(seed))
-    selfspec = BatchDecoder(model, bd.mask_id, size, stops, max_new_tokens, sampler)
     rows = list(rows)
     indices = list(range(len(rows)) if indices is None else indices)
     if len(indices) != len(rows):
         raise ValueError(f"{len(indices)} indices for {len(rows)} rows")
+    caps = [preset.cap(row.get("task_type", "unknown"), max_new_tokens) for row in rows]
+    if len(set(caps)) > 1:  # one decoder per output cap: the rows of each cap decoded together
+        options = dict(is_vlm=is_vlm, bd_size=bd_size, compare_ar=compare_ar, mode=mode, tau=tau, score=score,
+                       reward_settings=reward_settings, progress=progress, batch_size=batch_size,
+                       temperature=temperature, samples=samples, seed=seed, preset=preset)
+        return [r for cap in sorted(set(caps)) for r in decode_rows(
+            model, processor, [row for row, c in zip(rows, caps) if c == cap], bd, max_new_tokens=cap,
+            indices=[i for i, c in zip(indices, caps) if c == cap], **options)]
+    max_new_tokens = caps[0] if caps else max_new_tokens
+    size = bd_size or bd.bd_size
+    tokenizer = tokenizer_of(processor)
+    stops = preset.stop_ids(model, tokenizer)
+    sampler = Sampler(temperature, torch.Generator().manual_seed(seed))
+    selfspec = BatchDecoder(model, bd.mask_id, size, stops, max_new_tokens, sampler)
     jobs = [(index, row, k) for index, row in zip(indices, rows) for k in range(samples)]
     compared = set(indices) if compare_ar is True else set(compare_ar or ())
     scoring = reward_settings if score else None
@@ -142,7 +168,7 @@ def decode_rows(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
         chunk = CHUNK_BATCHES * batch_size   # a finished row's place goes to the next prompt within a chunk
         for start in range(0, len(jobs), chunk):
             part = jobs[start:start + chunk]
-            inputs = [encode_prompt(processor, row, is_vlm) for _, row, _ in part]
+            inputs = [encode_prompt(processor, _fitted(row, preset, is_vlm), is_vlm) for _, row, _ in part]
             begin = time.perf_counter()
             if mode == "selfspec":
                 results = selfspec.generate(inputs, batch_size)
@@ -161,6 +187,13 @@ def decode_rows(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
     finally:
         model.train(was_training)
     return records
+
+
+def _fitted(row: Mapping[str, Any], preset: DecodePreset, is_vlm: bool) -> Mapping[str, Any]:
+    """`row` with its crop resized as `preset` says (unchanged without an image or a resize rule)."""
+    if not is_vlm or preset.max_long_side is None:
+        return row
+    return {**row, "image": preset.fit(load_image(row["image"]))}
 
 
 def _record(index: int, sample: int, row: Mapping[str, Any], inputs: dict, result: Any, tokenizer: Any,
@@ -195,17 +228,23 @@ def tpf_stats(records: list[dict], **settings: Any) -> dict:
 
 def measure_tpf(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], bd: BlockDiffusionConfig | None, *,
                 bd_size: int | None = None, max_new_tokens: int = 512, mode: str = "selfspec", tau: float = 0.9,
-                **options: Any) -> dict:
-    """`decode_rows` then `tpf_stats`: TPF of a checkpoint on `rows`, by task and length bin, with every record.
+                preset: DecodePreset = PRESETS["cpu"], **options: Any) -> dict:
+    """`decode_rows` then `tpf_stats`: TPF of a checkpoint on `rows`, by task and length bin, with every record
+    and the `settings` that shaped the figure (`grpo.decoding.presets.settings_record`).
 
     `ar_equal_rate` is None without `compare_ar`; `accepted_per_round` is None in diffusion mode; `reward`
     and `exact_rate` are None without `score`.
     """
     records = decode_rows(model, processor, rows, bd, bd_size=bd_size, max_new_tokens=max_new_tokens, mode=mode,
-                          tau=tau, **options)
+                          tau=tau, preset=preset, **options)
+    batch = options.get("batch_size", 1)
     settings = {"mode": mode, "bd_size": bd_size or bd.bd_size, "max_new_tokens": max_new_tokens,
-                "batch_size": options.get("batch_size", 1), "temperature": options.get("temperature", 0.0),
+                "batch_size": batch, "temperature": options.get("temperature", 0.0),
                 "samples": options.get("samples", 1), "tpf_convention": TPF_CONVENTION}
     if mode == "diffusion":
         settings["tau"] = tau
+    settings["settings"] = settings_record(
+        preset, dtype=str(next(model.parameters()).dtype).removeprefix("torch."), max_new_tokens=max_new_tokens,
+        tasks=sorted({r["task"] for r in records}), bd_size=bd_size or bd.bd_size,
+        stop_ids=preset.stop_ids(model, tokenizer_of(processor)), batch_size=batch, conventions=TPF_CONVENTION)
     return tpf_stats(records, **settings)

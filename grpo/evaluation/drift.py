@@ -31,9 +31,10 @@ class ProbeSettings:
     batch_size: int
     temperature: float   # the sampled probe's: the rollout temperature
     samples: int         # sampled draws per prompt (0: greedy only)
+    preset: str = "cpu"  # grpo.decoding.presets: caps per task, crop resizing, stop ids
 
     CONFIG_FIELDS = {"max_new_tokens": "tpf_max_new_tokens", "batch_size": "tpf_batch_size",
-                     "temperature": "temperature", "samples": "tpf_samples"}
+                     "temperature": "temperature", "samples": "tpf_samples", "preset": "tpf_preset"}
 
     @classmethod
     def of(cls, read: Callable[[str], Any]) -> ProbeSettings:
@@ -47,10 +48,11 @@ def probe_decode(model: Any, processor: Any, rows: list, bd: Any, settings: Prob
     """The probe at `step` on `rows`: greedy self-speculative records scored against their targets (AR greedy
     compared where `compare_ar` says), and, with `settings.samples`, records sampled at the rollout temperature
     from a generator seeded with the step (`grpo.decoding.tpf.decode_rows`; none without samples)."""
+    from grpo.decoding.presets import preset_named
     from grpo.decoding.tpf import decode_rows
 
     common = dict(indices=indices, is_vlm=is_vlm, max_new_tokens=settings.max_new_tokens,
-                  batch_size=settings.batch_size, progress=False)
+                  batch_size=settings.batch_size, progress=False, preset=preset_named(settings.preset))
     greedy = decode_rows(model, processor, rows, bd, compare_ar=compare_ar, score=True,
                          reward_settings=reward_settings, **common)
     sampled = []
@@ -69,6 +71,8 @@ def probe_metrics(stats: dict, ranks: int = 1, sampled: dict | None = None) -> d
                "tpf/truncated": stats["truncated"],
                "tpf/n": stats["n"], "tpf/ranks": ranks,
                "eval/reward": stats["reward"], "eval/exact": stats["exact_rate"]}
+    if stats.get("reward_interval"):
+        metrics["eval/reward_low"], metrics["eval/reward_high"] = stats["reward_interval"]
     for task, s in stats["by_task"].items():
         metrics[f"tpf/{task}"] = s["tpf"]
         metrics[f"eval/{task}/reward"] = s["reward"]
@@ -82,12 +86,25 @@ _NOT_TASKS = {"mean", "bench", "sampled", "accepted_per_round", "ar_equal_rate",
               "ranks"}
 
 
-def drift_records(log_history: list[dict]) -> list[dict]:
-    """One record per probe in a trainer log history.
+def probe_settings(settings: ProbeSettings, model: Any, processor: Any, bd: Any, tasks: list[str]) -> dict:
+    """The `settings` object of the probe's figures (`grpo.decoding.presets.settings_record`) for `model`."""
+    from grpo.checkpoint import tokenizer_of
+    from grpo.decoding.presets import preset_named, settings_record
+    from grpo.decoding.tpf import TPF_CONVENTION
+
+    preset = preset_named(settings.preset)
+    return settings_record(preset, dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+                           max_new_tokens=settings.max_new_tokens, tasks=tasks, bd_size=bd.bd_size,
+                           stop_ids=preset.stop_ids(model, tokenizer_of(processor)), batch_size=settings.batch_size,
+                           conventions=TPF_CONVENTION)
+
+
+def drift_records(log_history: list[dict], settings: dict | None = None) -> list[dict]:
+    """One record per probe in a trainer log history, each with the probe's `settings` object (`probe_settings`).
 
     Keys: `step`, `tpf`, `tpf_by_task`, `tpf_bench`, `tpf_sampled`, `tpf_sampled_by_task`,
     `accepted_per_round`, `ar_equal_rate`, `ar_compared`, `eval_reward` (of the self-speculative output),
-    `eval_reward_by_task`, `eval_exact`, `n` (probe prompts), `ranks` (processes that decoded a shard),
+    `eval_reward_low` and `eval_reward_high` (its 95% interval), `eval_reward_by_task`, `eval_exact`, `n` (probe prompts), `ranks` (processes that decoded a shard),
     `truncated`, and `reward`: the training reward of the last logged step (None before the first).
     """
     records, reward = [], None
@@ -105,12 +122,13 @@ def drift_records(log_history: list[dict]) -> list[dict]:
                                     if k.startswith("tpf_sampled/")},
             "accepted_per_round": entry.get("tpf/accepted_per_round"),
             "ar_equal_rate": entry.get("tpf/ar_equal_rate"), "ar_compared": _int(entry.get("tpf/ar_compared")),
-            "eval_reward": entry.get("eval/reward"),
+            "eval_reward": entry.get("eval/reward"), "eval_reward_low": entry.get("eval/reward_low"),
+            "eval_reward_high": entry.get("eval/reward_high"),
             "eval_reward_by_task": {t: entry[f"eval/{t}/reward"] for t in sorted(tasks)
                                     if f"eval/{t}/reward" in entry},
             "eval_exact": entry.get("eval/exact"),
             "n": _int(entry.get("tpf/n")), "ranks": _int(entry.get("tpf/ranks")),
-            "truncated": _int(entry.get("tpf/truncated")), "reward": reward})
+            "truncated": _int(entry.get("tpf/truncated")), "reward": reward, "settings": settings})
     return records
 
 
@@ -169,6 +187,7 @@ def remeasure_checkpoints(run: RunDir, default: Callable[[str], Any], *, probe_s
     rows = rows.select(range(min(size, len(rows))))
     # the run's rewards first (a step's reward precedes its probe), then one entry per measured checkpoint
     entries = [{"step": e["step"], "reward": e["reward"]} for e in history if "reward" in e and "step" in e]
+    record = None
     for step, folder in points:
         ckpt = load_checkpoint(folder, need_drafter=True, dtype=run_dtype(config))  # LoRA: merged into its base
         on_checkpoint(step, ckpt.source)
@@ -177,7 +196,9 @@ def remeasure_checkpoints(run: RunDir, default: Callable[[str], Any], *, probe_s
                                        is_vlm=ckpt.is_vlm, compare_ar=True)
         metrics = probe_metrics(tpf_stats(greedy), sampled=tpf_stats(sampled) if sampled else None)
         entries.append({"step": step, **metrics})
-    return drift_records(entries)
+        record = record or probe_settings(settings, ckpt.model, ckpt.processor, ckpt.bd,
+                                          sorted({r["task_type"] for r in rows}))
+    return drift_records(entries, record)
 
 
 def held_out_change(run: RunDir) -> dict[str, Any] | None:

@@ -24,13 +24,16 @@ def running_mean(points: Sequence[tuple[int, float]], window: int = SMOOTH_STEPS
 
 
 def plot_drift(records: Sequence[dict], path: str | Path,
-               title: str = "Drafter agreement and held-out reward across GRPO steps") -> Path:
-    """Draw greedy TPF and TPF sampled at the rollout temperature (overall and per task), and the held-out reward
-    of the self-speculative output (overall and per task), versus step.
+               title: str = "Drafter agreement and held-out reward across GRPO steps",
+               tpf_floor: float | None = None) -> Path:
+    """Two panels on one step axis: greedy TPF and TPF sampled at the rollout temperature (top; the `tpf_floor`
+    line at (1 - tpf_floor) x the first greedy TPF, and the AR-equal rate written where it is below 100%), and
+    the held-out reward of the self-speculative output with its 95% interval (bottom). Per-task lines are
+    thinner and lighter than the overall one.
 
     `records`: one dict per probe with `step`, `tpf` and optionally `tpf_by_task`, `tpf_sampled`,
-    `tpf_sampled_by_task`, `eval_reward` and `eval_reward_by_task` ({task: value}), as
-    `grpo.evaluation.drift.drift_records` makes them.
+    `tpf_sampled_by_task`, `ar_equal_rate`, `eval_reward`, `eval_reward_low`, `eval_reward_high` and
+    `eval_reward_by_task` ({task: value}), as `grpo.evaluation.drift.drift_records` makes them.
     """
     import matplotlib
 
@@ -38,34 +41,47 @@ def plot_drift(records: Sequence[dict], path: str | Path,
     import matplotlib.pyplot as plt
 
     records = sorted(records, key=lambda r: r["step"])
-    fig, ax = plt.subplots(figsize=(7, 4.6))
-    _lines(ax, records, "tpf", "tpf_by_task", "TPF greedy", "tab:blue")
-    _lines(ax, records, "tpf_sampled", "tpf_sampled_by_task", "TPF sampled", "tab:green")
-    ax.set_xlabel("GRPO step")
-    ax.set_ylabel("tokens per forward")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    twin = ax.twinx()
-    _lines(twin, records, "eval_reward", "eval_reward_by_task", "held-out reward", "tab:red")
-    twin.set_ylabel("held-out reward (self-speculative greedy output)")
-    twin.set_ylim(top=1.02)  # rewards lie in [0, 1]; the lower end follows the data
-    handles, labels = ax.get_legend_handles_labels()
-    more_handles, more_labels = twin.get_legend_handles_labels()
-    ax.legend(handles + more_handles, labels + more_labels, loc="upper center", bbox_to_anchor=(0.5, -0.16),
-              fontsize=7, ncol=4, frameon=False)  # below the axes: the lines fill the plot
-    ax.set_title(title)
+    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(7, 6.4), height_ratios=(3, 2))
+    _lines(top, records, "tpf", "tpf_by_task", "TPF greedy", "tab:blue")
+    _lines(top, records, "tpf_sampled", "tpf_sampled_by_task", "TPF sampled", "tab:green")
+    first = next((r["tpf"] for r in records if r.get("tpf") is not None), None)
+    if tpf_floor is not None and first is not None:
+        top.axhline((1 - tpf_floor) * first, color="black", ls="--", lw=1,
+                    label=f"tpf_floor: {1 - tpf_floor:.0%} of step {records[0]['step']}")
+    for r in records:  # where the self-speculative output left AR greedy
+        rate = r.get("ar_equal_rate")
+        if rate is not None and rate < 1 and r.get("tpf") is not None:
+            top.plot(r["step"], r["tpf"], "x", color="tab:red", ms=9, mew=2)
+            top.annotate(f"AR-equal {rate:.0%}", (r["step"], r["tpf"]), textcoords="offset points", xytext=(4, 6),
+                         fontsize=7, color="tab:red")
+    top.set_ylabel("tokens per forward")
+    top.set_ylim(bottom=0)
+    top.grid(alpha=0.3)
+    top.legend(fontsize=7, ncol=2, loc="lower left")
+    top.set_title(title)
+    _lines(bottom, records, "eval_reward", "eval_reward_by_task", "held-out reward", "tab:red")
+    band = [(r["step"], r["eval_reward_low"], r["eval_reward_high"]) for r in records
+            if r.get("eval_reward_low") is not None and r.get("eval_reward_high") is not None]
+    if band:
+        bottom.fill_between(*zip(*band), color="tab:red", alpha=0.15, lw=0, label="95% interval (all)")
+    bottom.set_xlabel("GRPO step")
+    bottom.set_ylabel("held-out reward\n(self-speculative greedy)")
+    bottom.set_ylim(top=1.02)  # rewards lie in [0, 1]; the lower end follows the data
+    bottom.grid(alpha=0.3)
+    bottom.legend(fontsize=7, ncol=2, loc="lower left")
     return _save(fig, path)
 
 
 def _lines(ax, records: Sequence[dict], key: str, by_task: str, label: str, color: str) -> None:
-    """`key` versus step as a thick line, and each task of `by_task` as a thin dashed one (absent values skipped)."""
+    """`key` versus step as a thick line, and each task of `by_task` as a thin, lighter dashed one (absent values
+    skipped)."""
     points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
     if points:
-        ax.plot(*zip(*points), "o-", color=color, lw=2, label=f"{label} (all)")
+        ax.plot(*zip(*points), "o-", color=color, lw=2.2, label=f"{label} (all)")
     styles = iter(("--", ":", "-."))
     for task in sorted({t for r in records for t in r.get(by_task) or {}}):
         points = [(r["step"], r[by_task][task]) for r in records if (r.get(by_task) or {}).get(task) is not None]
-        ax.plot(*zip(*points), next(styles, "--"), color=color, lw=1, alpha=0.7, label=f"{label} {task}")
+        ax.plot(*zip(*points), next(styles, "--"), color=color, lw=0.9, alpha=0.4, label=f"{label} {task}")
 
 
 def plot_rewards(curves: dict[str, Sequence[tuple[int, float]]], path: str | Path,

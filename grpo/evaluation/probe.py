@@ -32,7 +32,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from grpo.evaluation.drift import ProbeSettings, drift_records, probe_decode, probe_metrics
+from grpo.evaluation.drift import ProbeSettings, drift_records, probe_decode, probe_metrics, probe_settings
 from grpo.evaluation.run_dir import RunDir
 from ocr_rewards.settings import HELD_OUT, RewardSettings
 
@@ -51,13 +51,15 @@ class TpfProbeCallback(TrainerCallback):
         self.bd = bd
         self.is_vlm = is_vlm
         self.stopped_at: int | None = None  # step at which tpf_floor stopped training
+        self._settings: dict | None = None  # the probe's settings object, in every drift record
 
     # --- TrainerCallback hooks ---
     def on_train_begin(self, args, state, control, **kwargs):
         if state.global_step == 0 and not drift_records(state.log_history):
             self.trainer.log(self._measure(args, state))  # the step-0 baseline, a log entry of its own
         elif state.is_world_process_zero:  # resumed: redraw from the history restored with the checkpoint
-            RunDir(args.output_dir).write_drift(drift_records(state.log_history))
+            RunDir(args.output_dir).write_drift(drift_records(state.log_history, self.settings()),
+                                                tpf_floor=args.tpf_floor)
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -70,11 +72,20 @@ class TpfProbeCallback(TrainerCallback):
         # The probe's log entry is in the history now: redraw, then act on the floor before the trainer
         # decides whether to save (a stop sets should_save, so the checkpoint of this step is written).
         if "tpf/mean" in (logs or {}):
-            records = drift_records(state.log_history)
+            records = drift_records(state.log_history, self.settings())
             if state.is_world_process_zero:
-                RunDir(args.output_dir).write_drift(records)
+                RunDir(args.output_dir).write_drift(records, tpf_floor=args.tpf_floor)
             self._check_floor(args, control, records)
         return control
+
+    def settings(self) -> dict:
+        """What shapes the probe's figures (`grpo.evaluation.drift.probe_settings`), worked out once."""
+        if self._settings is None:
+            trainer = self.trainer
+            tasks = sorted({row.get("task_type", "unknown") for row in self.rows})
+            self._settings = probe_settings(ProbeSettings.of(lambda name: getattr(trainer.args, name)),
+                                            trainer.model, trainer.processing_class, self.bd, tasks)
+        return self._settings
 
     # --- the probe ---
     def _measure(self, args, state) -> dict[str, float]:

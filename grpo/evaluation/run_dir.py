@@ -122,13 +122,15 @@ class RunDir:
         return _read_jsonl(self.file(METRICS_JSONL))
 
     # --- the TPF probe ---
-    def write_drift(self, records: list[dict], name: str = DRIFT, title: str | None = None) -> Path:
-        """Rewrite `<name>.jsonl` from the probe records and redraw `<name>.png`; return the PNG path."""
+    def write_drift(self, records: list[dict], name: str = DRIFT, title: str | None = None,
+                    tpf_floor: float | None = None) -> Path:
+        """Rewrite `<name>.jsonl` from the probe records and redraw `<name>.png` (with the `tpf_floor` line);
+        return the PNG path."""
         from grpo.evaluation.plots import plot_drift
 
         self.path.mkdir(parents=True, exist_ok=True)
         _write_jsonl(self.file(f"{name}.jsonl"), records)
-        return plot_drift(records, self.file(f"{name}.png"), **({"title": title} if title else {}))
+        return plot_drift(records, self.file(f"{name}.png"), tpf_floor=tpf_floor, **({"title": title} if title else {}))
 
     def write_probe_rows(self, step: int, rows: list[dict]) -> None:
         """Record one probe's per-prompt records; lines of later steps (an earlier attempt before a resume) go."""

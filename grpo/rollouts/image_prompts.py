@@ -82,7 +82,8 @@ def install(vllm_generation: Any, image_token_id: int, reset_encoder_cache: bool
 
 def check_prompt_alignment(processor: Any, row: dict) -> None:
     """Tokenize the pool row `row` (TRL's `prompt` messages and `image`) both ways TRL does; refuse if the
-    prompt ids and the `mm_token_type_ids` differ in length (PromptAlignmentError)."""
+    prompt ids and the `mm_token_type_ids` differ in length, or if the tokenizer adds to every encoding what
+    the chat template writes already (PromptAlignmentError, with the fix)."""
     from trl.data_utils import apply_chat_template, prepare_multimodal_messages
 
     messages = prepare_multimodal_messages(row["prompt"], images=[row["image"]])
@@ -91,12 +92,18 @@ def check_prompt_alignment(processor: Any, row: dict) -> None:
     text = apply_chat_template({"prompt": messages}, processor)["prompt"]
     fields = processor(images=[[row["image"]]], text=[text], padding=True, return_tensors="pt")
     per_token = fields.get("mm_token_type_ids", fields["input_ids"])
+    tokenizer = getattr(processor, "tokenizer", processor)
+    added = tokenizer.convert_ids_to_tokens(tokenizer("")["input_ids"])  # what plain encoding adds
+    fix = ("keep them in the template and make the tokenizer stop adding them on plain encoding (add_bos_token, "
+           "or the post_processor of its tokenizer.json)")
     if per_token.shape[-1] != len(ids):
-        tokenizer = getattr(processor, "tokenizer", processor)
         raise PromptAlignmentError(
             f"the processor tokenizes one prompt to {len(ids)} ids through its chat template but to "
             f"{per_token.shape[-1]} when TRL encodes the rendered text for the image fields (mm_token_type_ids); "
-            f"the 3-D positions would be misplaced. Usually the chat template writes the BOS token "
-            f"{tokenizer.bos_token!r} and the tokenizer adds it again: keep it in the template and make the "
-            "tokenizer stop adding it on plain encoding (add_bos_token, or its tokenizer.json post_processor)")
+            f"the 3-D positions would be misplaced. The tokenizer adds {added} (BOS token {tokenizer.bos_token!r}) "
+            f"to plain text that the chat template writes already (GLM-OCR's writes [gMASK]<sop>): {fix}")
+    if added and text.startswith("".join(added)):  # both encodings agree, on a prompt that starts twice
+        raise PromptAlignmentError(
+            f"the chat template writes {added} and the tokenizer adds them again on encoding, so every prompt "
+            f"starts with them twice (the model was trained on one): {fix}")
 

@@ -96,7 +96,10 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
     tpf_every: int = field(default=50, metadata={
         "help": "Measure TPF at step 0 and every N optimizer steps (and at the last step); 0 disables the probe."})
     tpf_max_new_tokens: int = field(default=512, metadata={
-        "help": "Output cap per probe prompt, in tokens."})
+        "help": "Output cap per probe prompt, in tokens (for the tasks the `tpf_preset` gives none)."})
+    tpf_preset: Literal["cpu", "gravityocr"] = field(default="cpu", metadata={
+        "help": "Decode settings of the probe (grpo/decoding/presets.py): `cpu`, one cap for every task; "
+                "`gravityocr`, GravityOCR's caps per task, crop resizing and stop ids."})
     tpf_batch_size: int = field(default=1, metadata={
         "help": "Probe prompts decoded at once by the batched self-speculative decoder (greedy outputs and "
                 "forward counts are those of batch 1)."})
