@@ -37,12 +37,13 @@ $(STAMP): pyproject.toml rewards/pyproject.toml constraints-cpu.txt grpo/torchvi
 	touch $(STAMP)
 
 # The GPU check for the lent H200, which has no network (docs/gpu.md). `make gpu-wheels` here fills the git-ignored
-# .whl/ with what its image lacks (gpu/wheels.txt); `make gpu-check` there installs .whl/ offline into a temporary
-# folder and runs every step from the checkout with the image's python3 (report.json and steps.log in $OUT, else
-# runs/gpu-check); `make gpu-rehearsal` runs the same check here on CPU, in a throwaway environment of the image's
-# packages (runs/gpu-rehearsal).
+# .whl/ with what its image lacks (gpu/wheels.txt), and runs/gpu-rehearsal/ with the rehearsal's stand-ins of the
+# image's packages (the only step that uses an index); `make gpu-check` there installs .whl/ offline into a
+# temporary folder and runs every step from the checkout with the image's python3 (report.json and steps.log in
+# $OUT, else runs/gpu-check); `make gpu-rehearsal` runs the same check here on CPU, in a throwaway environment of
+# the image's packages, installed with no index (runs/gpu-rehearsal).
 gpu-wheels:
-	python3 gpu/wheels.py
+	python3 gpu/wheels.py && python3 gpu/rehearsal.py --fetch
 
 gpu-check:
 	python3 -m grpo.gpu_check --device cuda --wheels .whl

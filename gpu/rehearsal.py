@@ -1,13 +1,15 @@
 """`make gpu-rehearsal`: the GPU check on this CPU, in a throwaway environment built like the lent H200's.
 
-1. The wheels of gpu/wheels.txt again, for this interpreter's Python (3.11 here: no CPU build of torch for the
-   H200's 3.12 lies on this disk): the same names and versions as .whl/, which `make gpu-wheels` fills.
-2. The device image's packages that the package and those wheels need, resolved by pip where PyPI is reachable
-   (the image's published versions where gpu/device-image.txt gives one) into runs/gpu-rehearsal/image. Not at
-   the image's versions: `UNPINNED`.
-3. A fresh venv with those installed offline (`--no-index`); every package that the project or a carried wheel
-   needs must be on the image's list or among the wheels, else the rehearsal stops naming it.
-4. The check itself, `python -m grpo.gpu_check --device cpu --wheels runs/gpu-rehearsal/whl`, which installs the
+`make gpu-wheels` runs `fetch` (the one step that uses an index), beside filling .whl/:
+1. the wheels of gpu/wheels.txt again, for this interpreter's Python (3.11 here: no CPU build of torch for the
+   H200's 3.12 lies on this disk): the same names and versions as .whl/, into runs/gpu-rehearsal/whl;
+2. the device image's packages that the package and those wheels need, resolved by pip (the image's published
+   versions where gpu/device-image.txt gives one) into runs/gpu-rehearsal/image. Not at the image's versions:
+   `UNPINNED`.
+`make gpu-rehearsal` (`main`) then uses no index:
+3. a fresh venv with those installed offline (`--no-index`); every package that the project or a carried wheel
+   needs must be on the image's list or among the wheels, else the rehearsal stops naming it;
+4. the check itself, `python -m grpo.gpu_check --device cpu --wheels runs/gpu-rehearsal/whl`, which installs the
    wheels with `--no-index --no-deps --target` as on the device; report in runs/gpu-rehearsal/report.json.
 """
 from __future__ import annotations
@@ -76,20 +78,25 @@ def pip(python: Path | str, *args: str) -> None:
     subprocess.run([str(python), "-m", "pip", *args], check=True)
 
 
-def main() -> int:
-    if held(ROOT / ".whl") != pinned():
-        raise SystemExit(f"error: .whl/ does not hold the wheels of {LIST}: run `make gpu-wheels` first")
-    python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    wheels = RUN / "whl"
-    download(wheels, python)
-    print(f"gpu-rehearsal: {wheels} holds the wheels of .whl/ for Python {python}", flush=True)
+WHEELS, IMAGE = RUN / "whl", RUN / "image"
 
+
+def fetch() -> None:
+    """Steps 1 and 2 (PyPI): what the rehearsal installs offline."""
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    download(WHEELS, python)
+    print(f"gpu-rehearsal: {WHEELS} holds the wheels of .whl/ for Python {python}", flush=True)
     pins = RUN / "image-pins.txt"
     pins.write_text("".join(f"{n}=={v}\n" for n, v in image().items() if v and n not in UNPINNED))
-    image_dir = RUN / "image"
-    pip(sys.executable, "download", "-q", "-d", str(image_dir), "-c", str(pins), TORCH, "torchvision",
-        *map(str, sorted(wheels.glob("*.whl"))), str(ROOT / "rewards"), str(ROOT))
+    pip(sys.executable, "download", "-q", "-d", str(IMAGE), "-c", str(pins), TORCH, "torchvision",
+        *map(str, sorted(WHEELS.glob("*.whl"))), str(ROOT / "rewards"), str(ROOT))
 
+
+def main() -> int:
+    if held(ROOT / ".whl") != pinned() or held(WHEELS) != pinned() or not any(IMAGE.glob("*.whl")):
+        raise SystemExit(f"error: .whl/ or {RUN} does not hold the wheels of {LIST} and the image's packages: "
+                         "run `make gpu-wheels` first")
+    wheels, image_dir = WHEELS, IMAGE
     env_dir = RUN / "venv"
     shutil.rmtree(env_dir, ignore_errors=True)
     venv.create(env_dir, with_pip=True)
@@ -118,5 +125,8 @@ def main() -> int:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--outside-image"]:
         print("\n".join(outside_image(Path(sys.argv[2]))))
+        sys.exit(0)
+    if sys.argv[1:2] == ["--fetch"]:
+        fetch()
         sys.exit(0)
     sys.exit(main())
