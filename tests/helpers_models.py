@@ -219,12 +219,12 @@ def random_image(gen: torch.Generator, width: int, height: int):
     return Image.fromarray(pixels)
 
 
-def glm_with_image_rows(folder: Path, prompts: list[str], seed: int = 0):
-    """(loaded tiny GLM-OCR joint checkpoint, its GLM processor, one row per prompt with a random crop of
-    4 to 21 image tokens)."""
+def glm_with_image_rows(folder: Path, prompts: list[str], seed: int = 0, model_seed: int = 0):
+    """(loaded tiny GLM-OCR joint checkpoint drawn with `model_seed`, its GLM processor, one row per prompt with a
+    random crop of 4 to 21 image tokens)."""
     from grpo.checkpoint import load_checkpoint
 
-    ckpt = load_checkpoint(build_glmocr_checkpoint(folder), need_drafter=True)
+    ckpt = load_checkpoint(build_glmocr_checkpoint(folder, seed=model_seed), need_drafter=True)
     gen = torch.Generator().manual_seed(seed)
     rows = [{"prompt": prompt, "image": random_image(gen, 8 + 4 * (i % 5), 8 + 4 * (i % 3))}
             for i, prompt in enumerate(prompts)]

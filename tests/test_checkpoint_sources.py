@@ -3,7 +3,6 @@ adapter config names, metadata carried into saves byte for byte, and LoopMDM che
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import torch
 from grpo.checkpoint import (BD_FILE, TINY_MODEL, CheckpointError, copy_metadata, load_checkpoint, locate,
                              resolve_model)
 from helpers_cli import refused
+from helpers_env import child_env
 
 HUB_ID = "acme/tiny-gravity"
 RECIPE = TINY_MODEL.parents[2] / "configs" / "tiny_cpu.yaml"  # a CPU recipe: the dry run checks this machine
@@ -34,7 +34,7 @@ def test_hub_id_from_the_cache_offline(tmp_path):
     """Check `hub-id`: `tpf --model acme/tiny-gravity` and `train --model acme/tiny-gravity --dry-run` exit 0
     with HF_HOME holding a hub-cache copy and HF_HUB_OFFLINE=1; each says what it loaded."""
     snapshot = hub_cache_copy(tmp_path / "hf")
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "COLUMNS": "200"}
+    env = child_env(HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1", COLUMNS="200")
     commands = (["tpf", "--model", HUB_ID, "--pool", "tiny-probe", "--limit", "2", "--max-new-tokens", "16"],
                 ["train", "--config", str(RECIPE), "--model", HUB_ID, "--dry-run"])
     for argv in commands:

@@ -129,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
     preset = preset_named(args.preset)
     if args.max_new_tokens is not None and preset.max_new_tokens:
         preset = dataclasses.replace(preset, max_new_tokens=None)  # the flag's one cap replaces the preset's
-    args.max_new_tokens = args.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
+    if args.max_new_tokens is None:
+        args.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
     args.dtype = args.dtype or preset.dtype
     _check_decoding(args, UserError)
     device = torch_device_named(args.device) if args.device is not None else torch_device()
