@@ -349,6 +349,12 @@ def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
     config.generation_kwargs = rollout_generation_kwargs(config, ckpt)
     model, quantization = ckpt.model, None
     if config.model_args.load_in_4bit:  # TRL loads the base weights in 4 bit from the folder
+        if ckpt.source.base is not None:  # the folder holds the base alone: the adapters would be lost
+            from grpo.checkpoint import CheckpointError
+
+            raise CheckpointError(f"model {ckpt.source.folder}: QLoRA (load_in_4bit) loads the weights from a "
+                                  "folder, and a LoRA checkpoint's folder holds adapters only; save the merged "
+                                  "model first (peft merge_and_unload + save_pretrained) and train from it")
         model, quantization = str(ckpt.source.model_dir), qlora_quantization_config()
     reward = OcrReward(config.reward_settings)
     trainer = GravityGRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=pool,
