@@ -117,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
     from grpo.pool import load_pool
     from grpo.checkpoint import load_checkpoint
     from grpo.console import console
+    from grpo.decoding.presets import preset_named
     from grpo.decoding.tpf import measure_tpf
     from grpo.errors import UserError
     from grpo.hardware import torch_device, torch_device_named
@@ -124,8 +125,6 @@ def run(args: argparse.Namespace) -> int:
 
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit must be >= 1, got {args.limit}")
-    from grpo.decoding.presets import preset_named
-
     preset = preset_named(args.preset)
     if args.max_new_tokens is not None and preset.max_new_tokens:
         preset = dataclasses.replace(preset, max_new_tokens=None)  # the flag's one cap replaces the preset's

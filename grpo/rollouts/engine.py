@@ -10,7 +10,6 @@ Example:
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -142,8 +141,9 @@ def check_vlm_for_vllm(model_dir: str | Path) -> None:
     GLM-OCR has them equal). vLLM also sizes images with two frames: `temporal_patch_size` must be 2.
     """
     from grpo.checkpoint import CheckpointError
+    from ocr_rewards.jsonl import read_json_object
 
-    config = json.loads((Path(model_dir) / "config.json").read_text())
+    config = read_json_object(Path(model_dir) / "config.json", CheckpointError)
     text, vision = config.get("text_config", {}), config.get("vision_config", {})
     merger = vision.get("out_hidden_size", 0) * vision.get("in_channels", 3)
     where = Path(model_dir) / "config.json"

@@ -316,6 +316,7 @@ def check_run(cfg: Any, num_processes: int, *, local_hardware: bool = True, acce
     same runs with the same messages.
     """
     from grpo.hardware import torch_on_cpu
+    from grpo.prompting import handles_images
     from grpo.training.config import needs_drafter
 
     report = report if report is not None else PreflightReport()
@@ -335,8 +336,6 @@ def check_run(cfg: Any, num_processes: int, *, local_hardware: bool = True, acce
     if pool_rows is not None and steps_per_epoch(cfg, num_processes, pool_rows) == 0:
         report.problems.append(f"pool {cfg.pool}: {pool_rows} rows make 0 optimizer steps per epoch at "
                                f"{cfg.generation_batch_size // cfg.num_generations} prompts per generation")
-    from grpo.prompting import handles_images
-
     if found is not None and (not found.is_vlm or handles_images(found.processor)):  # else named above
         check_lengths(cfg, found, report.pools, report)
     check_outputs(cfg, report)
