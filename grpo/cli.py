@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 
 import grpo
+from grpo.console import setup_logging
 from ocr_rewards.cli import USER_ERROR_EXIT, boundary
 
 __all__ = ["USER_ERROR_EXIT", "build_parser", "main"]
@@ -64,9 +64,9 @@ def flag_hint(parser: argparse.ArgumentParser, setting: str | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    given = sys.argv[1:] if argv is None else argv
+    setup_logging(verbose=any(a in ("-v", "--verbose") for a in given))  # before `train`'s parser loads TRL
     args = build_parser(argv).parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(levelname)s %(name)s: %(message)s")
     return boundary(lambda: args.run(args), args.verbose, lambda err: flag_hint(args.parser, err.setting))
 
 

@@ -30,6 +30,32 @@ def test_explain_lists_the_components(capsys):
         assert name in out
 
 
+def test_score_prints_one_reward_line_with_and_without_explain(capsys):
+    line = f"table reward: {score(PRED, REF, 'table').value:.6f}"
+    assert main(["score", "--task", "table", "--pred-text", PRED, "--ref-text", REF]) == 0
+    assert capsys.readouterr().out.splitlines() == [line]
+    assert main(["score", "--task", "table", "--pred-text", PRED, "--ref-text", REF, "--explain"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == line
+
+
+def test_check_explain_lists_every_case(tmp_path, capsys):
+    from ocr_rewards.cli import main as ocr_main
+
+    pairs = tmp_path / "cases.jsonl"
+    pairs.write_text(json.dumps({"pred": "hello", "ref": "hello", "task": "text", "expect": 1.0}) + "\n" +
+                     json.dumps({"pred": "x", "ref": "hello", "task": "text", "min": 0.9}) + "\n" +
+                     json.dumps({"pred": "a", "ref": "a", "task": "text"}) + "\n", encoding="utf-8")
+    assert ocr_main(["check", str(pairs), "--workers", "1", "--explain"]) == 1
+    lines = [line for line in capsys.readouterr().out.splitlines() if line]  # the progress bar leaves a blank
+    assert lines[0].startswith("line 1 (text): reward 1.000000 within expect 1 ± 1e-06; components: ")
+    assert lines[1].startswith("line 2 (text): reward ") and " outside min 0.9; components: " in lines[1]
+    assert lines[2].startswith("line 3 (text): reward 1.000000 (no bounds); components: ")
+    assert lines[3] == f"{pairs}: 1 of 2 case(s) outside their bounds"
+    assert ocr_main(["check", str(pairs), "--workers", "1"]) == 1  # without --explain: the failure alone
+    assert [line.split(":")[0] for line in capsys.readouterr().out.splitlines() if line] == \
+        ["line 2 (text)", str(pairs)]
+
+
 def test_pairs_file_summary(tmp_path, capsys):
     rows = [{"pred": PRED, "ref": REF, "task": "table"}, {"pred": REF, "ref": REF, "task": "table"},
             {"pred": "x^2", "ref": "x^{2}", "task": "formula"}, {"pred": "hello", "ref": "hello", "task": "text"}]

@@ -29,6 +29,6 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"GRPO on {config.model} with pool {config.pool}: {config.max_steps} steps, "
                   f"{config.generation_batch_size // config.num_generations} prompts x {config.num_generations} "
                   f"rollouts per step, TPF probe every {config.tpf_every} steps", markup=False)
-    summary = run_training(config)
+    summary = run_training(config, recipe=str(args.config))
     print_summary(summary)
     return 0

@@ -124,6 +124,6 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, overrides(args))  # a config mistake stops here, before vLLM is imported
     from grpo.training.trainer import run_training
 
-    summary = run_training(config, resume=args.resume)
+    summary = run_training(config, resume=args.resume, recipe=args.config)
     print_summary(summary)
     return 0 if summary["stopped_at"] is None else 3

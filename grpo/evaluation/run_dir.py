@@ -8,6 +8,12 @@
     OUTPUT/tpf_drift.png        TPF and held-out reward versus step
     OUTPUT/probe_rows.jsonl     one line per probe: its per-prompt records (for paired before/after figures)
     OUTPUT/checkpoint-N/        TRL checkpoints, each a joint checkpoint (docs/spec.md §2)
+    OUTPUT/README.md            the model card (`grpo.evaluation.model_card`)
+    OUTPUT/model.safetensors, config.json, ...  the final model: a joint checkpoint at the root, so the run
+                                folder itself is a `--model`
+
+Every file of the folder has one mode, the umask's reading of 0666 (`settle_modes`): safetensors writes
+weights through a temporary file, which is created 0600.
 
 Only the main process writes (the callers check `is_world_process_zero`); every write replaces a file whole
 or appends one line.
@@ -34,6 +40,7 @@ DRIFT = "tpf_drift"
 DRIFT_JSONL = f"{DRIFT}.jsonl"
 DRIFT_PNG = f"{DRIFT}.png"
 PROBE_ROWS = "probe_rows.jsonl"
+MODEL_CARD = "README.md"
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 
 
@@ -59,6 +66,17 @@ def _read_jsonl(path: Path) -> list[dict]:
             raise ConfigError(f"{path} is damaged: line {number}: {problem}")
         records.append(record)
     return records
+
+
+def settle_modes(folder: str | Path) -> None:
+    """Give every file under `folder` the mode a plain `open()` gives: 0666 less the umask."""
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in Path(folder).rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o666 & ~umask)
 
 
 class RunDir:
@@ -141,6 +159,10 @@ class RunDir:
     def read_probe_rows(self) -> list[dict]:
         """[{step, rows}] per probe, by step."""
         return _read_jsonl(self.file(PROBE_ROWS))
+
+    # --- the final model ---
+    def write_model_card(self, text: str) -> None:
+        self.file(MODEL_CARD).write_text(text)
 
     # --- checkpoints ---
     def checkpoints(self) -> list[tuple[int, Path]]:

