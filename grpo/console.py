@@ -3,8 +3,10 @@ logging of a command: quiet by default, everything with `-v`.
 
 Quiet means a command prints its progress bar, this package's own log lines and its results. What the
 libraries print while they load stays out: bitsandbytes' CPU kernel probe, DeepSpeed's accelerator guess,
-torch's and vLLM's notes, transformers' weight-loading bars, deprecation warnings, and TRL's warning about the
-vLLM version, which it repeats at every check of it, is shown once per run (by the main process only).
+torch's and vLLM's notes, transformers' weight-loading bars and deprecation warnings. Every other warning is
+shown once per process, where Python shows it once per line of code that raises it: TRL warns about the vLLM
+version at each of its checks (six times in a 2-step `train`); its main process shows it once, the other
+processes of a launch not at all.
 """
 from __future__ import annotations
 
@@ -20,6 +22,15 @@ OWN_LOGGERS = ("grpo", "ocr_rewards")  # their INFO lines are results (the model
 # Loggers that speak while a library loads; their warnings say nothing a user can act on.
 LOADER_LOGGERS = ("bitsandbytes.backends.cpu.ops", "DeepSpeed", "torch._library.triton")
 TRL_VLLM_VERSION = "TRL currently supports vLLM versions"
+_shown: set[tuple[type, str]] = set()  # (category, text) of the warnings shown so far
+_show = warnings.showwarning
+
+
+def _show_once(message, category, filename, lineno, file=None, line=None) -> None:
+    """`warnings.showwarning`, skipping a warning whose category and text were shown before."""
+    if (category, str(message)) not in _shown:
+        _shown.add((category, str(message)))
+        _show(message, category, filename, lineno, file, line)
 
 
 def _own_or_warning(record: logging.LogRecord) -> bool:
@@ -43,5 +54,6 @@ def setup_logging(verbose: bool) -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' loading and saving bars
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
-    main_process = os.environ.get("RANK", "0") == "0" and os.environ.get("LOCAL_RANK", "0") == "0"
-    warnings.filterwarnings("once" if main_process else "ignore", message=TRL_VLLM_VERSION)
+    warnings.showwarning = _show_once
+    if os.environ.get("RANK", "0") != "0" or os.environ.get("LOCAL_RANK", "0") != "0":
+        warnings.filterwarnings("ignore", message=TRL_VLLM_VERSION)
