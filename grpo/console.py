@@ -50,7 +50,6 @@ def setup_logging(verbose: bool) -> None:
         handler.addFilter(_own_or_warning)
     for name in LOADER_LOGGERS:  # a filter survives the library setting its logger's level when it loads
         logging.getLogger(name).addFilter(_errors_only)
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM's own handler, in this process and children
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' loading and saving bars
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
