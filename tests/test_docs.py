@@ -44,8 +44,11 @@ def blocks(page: Path) -> list[tuple[str, str, str]]:
 
 def _world(folder: Path) -> Path:
     """The tiny world the pages' commands run in: data/ and configs/ of the checkout, and the example files
-    the pages name (cases.jsonl and pairs.jsonl of reward cases, pred.html and ref.html)."""
+    the pages name (cases.jsonl and pairs.jsonl of reward cases, pred.html and ref.html, my_pool.jsonl: 16 rows
+    of the tiny pool)."""
     import json
+
+    from grpo.synthetic.splits import generate
 
     for name in ("data", "configs"):
         shutil.copytree(ROOT / name, folder / name)
@@ -55,6 +58,8 @@ def _world(folder: Path) -> Path:
     (folder / "pairs.jsonl").write_text(lines, encoding="utf-8")
     (folder / "pred.html").write_text(CASES[0]["pred"], encoding="utf-8")
     (folder / "ref.html").write_text(CASES[0]["ref"], encoding="utf-8")
+    (folder / "my_pool.jsonl").write_text("".join(json.dumps(row) + "\n" for row in generate("tiny", 16)),
+                                          encoding="utf-8")
     return folder
 
 
@@ -75,6 +80,7 @@ def _command(language: str, body: str) -> list[str]:
     return ["bash", "-e", "-o", "pipefail", "-c", body]
 
 
+@pytest.mark.timeout(1200)  # a page runs several commands, each starting vLLM (docs/grpo.md: about 4 minutes)
 @pytest.mark.parametrize("page", [_param(p) for p in PAGES if _runnable(p)])
 def test_the_pages_commands_run_as_written(page, tmp_path):
     folder = _world(tmp_path / "a folder with a space")
