@@ -203,8 +203,8 @@ def _record(index: int, sample: int, row: Mapping[str, Any], inputs: dict, resul
     text = tokenizer.decode(result.tokens, skip_special_tokens=True)
     reward = exact = None
     if scoring is not None:
-        reward = rewards.score(text, row["target"], row["task_type"], scoring).value
-        exact = text == row["target"]
+        result = rewards.score(text, row["target"], row["task_type"], scoring)
+        reward, exact = result.value, "identical" in result.components  # after the think block's removal
     return {
         "index": index, "sample": sample, "task": row.get("task_type", "unknown"),
         "prompt_ids": None if is_vlm else inputs["input_ids"][0].tolist(), "output_ids": result.tokens,
