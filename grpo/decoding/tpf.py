@@ -25,7 +25,7 @@ from grpo.checkpoint import BlockDiffusionConfig, CheckpointError, tokenizer_of
 from grpo.decoding.batched import BatchARDecoder, BatchDecoder, Sampler
 from grpo.decoding.diffusion import diffusion_generate
 from grpo.decoding.presets import PRESETS, DecodePreset, settings_record
-from grpo.prompting import encode_prompt, load_image
+from grpo.prompting import encode_prompt
 from ocr_rewards.settings import HELD_OUT, RewardSettings
 
 MODES = ("selfspec", "diffusion")
@@ -111,7 +111,7 @@ def decode_rows(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
                 tau: float = 0.9, score: bool = False, reward_settings: RewardSettings = HELD_OUT,
                 progress: bool = True, batch_size: int = 1,
                 temperature: float = 0.0, samples: int = 1, seed: int = 0,
-                preset: DecodePreset = PRESETS["cpu"]) -> list[dict]:
+                preset: DecodePreset = PRESETS["cpu"], image_long_side: str | None = None) -> list[dict]:
     """Decode every row with the drafter (`mode` "selfspec", or "diffusion" with threshold `tau`, batch 1).
 
     Self-speculative decoding runs `batch_size` prompts at once: greedy at `temperature` 0 (outputs equal to
@@ -126,7 +126,7 @@ def decode_rows(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
     `reward_settings`, default `ocr_rewards.settings.HELD_OUT`), `length_bin`, `wall_s` (the
     row's share of its batch's decode time). The model's train/eval mode is restored afterwards.
     `preset` (`grpo.decoding.presets`) sets the output cap per task (`max_new_tokens` where it has none), the
-    stop ids and the crop resizing.
+    stop ids and the crops' `image_long_side` (unless given: `grpo.rollouts.image_prompts`).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -146,11 +146,13 @@ def decode_rows(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
     if len(set(caps)) > 1:  # one decoder per output cap: the rows of each cap decoded together
         options = dict(is_vlm=is_vlm, bd_size=bd_size, compare_ar=compare_ar, mode=mode, tau=tau, score=score,
                        reward_settings=reward_settings, progress=progress, batch_size=batch_size,
-                       temperature=temperature, samples=samples, seed=seed, preset=preset)
+                       temperature=temperature, samples=samples, seed=seed, preset=preset,
+                       image_long_side=image_long_side)
         return [r for cap in sorted(set(caps)) for r in decode_rows(
             model, processor, [row for row, c in zip(rows, caps) if c == cap], bd, max_new_tokens=cap,
             indices=[i for i, c in zip(indices, caps) if c == cap], **options)]
     max_new_tokens = caps[0] if caps else max_new_tokens
+    side = preset.image_long_side if image_long_side is None else image_long_side
     size = bd_size or bd.bd_size
     tokenizer = tokenizer_of(processor)
     stops = preset.stop_ids(model, tokenizer)
@@ -168,7 +170,7 @@ def decode_rows(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
         chunk = CHUNK_BATCHES * batch_size   # a finished row's place goes to the next prompt within a chunk
         for start in range(0, len(jobs), chunk):
             part = jobs[start:start + chunk]
-            inputs = [encode_prompt(processor, _fitted(row, preset, is_vlm), is_vlm) for _, row, _ in part]
+            inputs = [encode_prompt(processor, row, is_vlm, side) for _, row, _ in part]
             begin = time.perf_counter()
             if mode == "selfspec":
                 results = selfspec.generate(inputs, batch_size)
@@ -187,13 +189,6 @@ def decode_rows(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
     finally:
         model.train(was_training)
     return records
-
-
-def _fitted(row: Mapping[str, Any], preset: DecodePreset, is_vlm: bool) -> Mapping[str, Any]:
-    """`row` with its crop resized as `preset` says (unchanged without an image or a resize rule)."""
-    if not is_vlm or preset.max_long_side is None:
-        return row
-    return {**row, "image": preset.fit(load_image(row["image"]))}
 
 
 def _record(index: int, sample: int, row: Mapping[str, Any], inputs: dict, result: Any, tokenizer: Any,
@@ -246,5 +241,6 @@ def measure_tpf(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
     settings["settings"] = settings_record(
         preset, dtype=str(next(model.parameters()).dtype).removeprefix("torch."), max_new_tokens=max_new_tokens,
         tasks=sorted({r["task"] for r in records}), bd_size=bd_size or bd.bd_size,
-        stop_ids=preset.stop_ids(model, tokenizer_of(processor)), batch_size=batch, conventions=TPF_CONVENTION)
+        stop_ids=preset.stop_ids(model, tokenizer_of(processor)), batch_size=batch, conventions=TPF_CONVENTION,
+        image_long_side=options.get("image_long_side"))
     return tpf_stats(records, **settings)
