@@ -30,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="decode settings (grpo/decoding/presets.py): cpu, the tiny world's (fp32, one cap); "
                              "gravityocr, GravityOCR's published decode (bf16, caps per task, crops as given, stop "
                              "at the tokenizer's EOS)")
+    parser.add_argument("--round", choices=("package", "gravityocr"), default=None,
+                        help="round layout (docs/spec.md §5): package, x0 from the prefill; gravityocr, GravityOCR's "
+                             "(batch 1, greedy; default: the preset's)")
     parser.add_argument("--image-long-side", default=None, metavar="full|768|1344|N",
                         help="long side crops are resized to (grpo/rollouts/image_prompts.py; default: the "
                              "preset's, full)")
@@ -137,6 +140,11 @@ def run(args: argparse.Namespace) -> int:
             long_side(args.image_long_side)
         except ValueError as err:
             raise UserError(f"--image-long-side: {err}") from None
+    if args.round is not None:
+        preset = dataclasses.replace(preset, round=args.round)
+    if preset.round == "gravityocr" and (args.mode != "selfspec" or args.batch_size > 1 or args.temperature > 0):
+        raise UserError(f"GravityOCR's round layout (preset {args.preset}, --round {preset.round}) decodes "
+                        "self-speculatively and greedily at batch 1: leave out --mode, --batch-size and --temperature")
     if args.max_new_tokens is not None and preset.max_new_tokens:
         preset = dataclasses.replace(preset, max_new_tokens=None)  # the flag's one cap replaces the preset's
     if args.max_new_tokens is None:

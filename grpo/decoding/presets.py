@@ -4,10 +4,15 @@
   given, stop at the generation config's and the tokenizer's EOS ids.
 - `gravityocr`: GravityOCR's published decode (trillion-labs/GravityOCR `src/infer_omnidocbench.py` as
   `slurm/eval_omnidocbench.slurm` runs it): bf16, caps per task `{text: 512, table: 4096, formula: 4096}`,
-  crops as given (`image_long_side: full`: the evaluation passes 99999), stop at the tokenizer's EOS alone. The block size is the checkpoint's
+  crops as given (`image_long_side: full`: the evaluation passes 99999), stop at the tokenizer's EOS alone.
+- `gravityocr-bench`: GravityOCR's forward bench (`tools/bench_forwards.py`, its `spec_natcache_ds1` arm):
+  bf16, caps `{text: 256, table: 768, formula: 256}`, crops fitted to a 1344 long side (the default of its
+  decode functions, which the bench does not change), the tokenizer's EOS, and its round layout
+  (`round: gravityocr`, `grpo.decoding.selfspec.GravityRoundDecoder`; batch 1, greedy). Its `tpf_bench` is
+  the bench's tokens per forward, counted line for line (docs/spec.md §5). The block size is the checkpoint's
   (`block_diffusion.json`), and the self-speculative round is the full-draft one GravityOCR runs by default
-  (boundary token plus B masks, every mask logit used, the verifier's bonus token on a full accept), which is
-  this package's round in every preset.
+  (boundary token plus B masks, every mask logit used, the verifier's bonus token on a full accept) in this
+  package's layout (`round: package`) except in `gravityocr-bench`.
 
 Every `tpf` JSON and drift record carries `settings_record(...)`: preset, dtype, caps per task, block size, stop
 ids, `image_long_side` (the preset's unless the run or command sets it; `grpo.rollouts.image_prompts`), batch
@@ -23,6 +28,12 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 FULL_DRAFT_ROUND = "full draft: boundary token + B masks, every mask logit used, bonus token on a full accept"
+# The round layouts (docs/spec.md §5, "Round layouts"): what the `round` of a settings record says.
+ROUNDS = {
+    "package": f"{FULL_DRAFT_ROUND}; x0 from the prefill; no verify when a0 ends the output; output cut at the cap",
+    "gravityocr": f"{FULL_DRAFT_ROUND}; first round drafts B masks with x0 from the prefill; every round "
+                  "verified; the last round may run past the cap (GravityOCR's generate_speculative_natcache)",
+}
 
 
 @dataclass(frozen=True)
@@ -34,6 +45,7 @@ class DecodePreset:
     max_new_tokens: Mapping[str, int] | None  # cap per task; None: the caller's one cap for every task
     image_long_side: str                     # crops fitted to it (grpo.rollouts.image_prompts.fit_long_side)
     stop: str                                # "eos+generation_config" or "tokenizer_eos"
+    round: str = "package"                   # a key of ROUNDS
 
     def cap(self, task: str, default: int) -> int:
         """The output cap of `task` (`default` where the preset has none for it)."""
@@ -52,6 +64,8 @@ PRESETS = {
     "cpu": DecodePreset("cpu", "float32", None, "full", "eos+generation_config"),
     "gravityocr": DecodePreset("gravityocr", "bfloat16", {"text": 512, "table": 4096, "formula": 4096}, "full",
                                "tokenizer_eos"),
+    "gravityocr-bench": DecodePreset("gravityocr-bench", "bfloat16", {"text": 256, "table": 768, "formula": 256},
+                                     "1344", "tokenizer_eos", "gravityocr"),
 }
 
 
@@ -71,4 +85,4 @@ def settings_record(preset: DecodePreset, *, dtype: str, max_new_tokens: int, ta
             "max_new_tokens": {task: preset.cap(task, max_new_tokens) for task in sorted(tasks)},
             "bd_size": bd_size, "stop_token_ids": sorted(stop_ids),
             "image_long_side": str(preset.image_long_side if image_long_side is None else image_long_side),
-            "round": FULL_DRAFT_ROUND, "batch_size": batch_size, "tpf_convention": dict(conventions)}
+            "round": ROUNDS[preset.round], "batch_size": batch_size, "tpf_convention": dict(conventions)}
