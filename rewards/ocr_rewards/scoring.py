@@ -62,8 +62,8 @@ def score(pred: str, ref: str, task: str, settings: RewardSettings | None = None
     `gate="absolute"`) say how. First the prediction's closed think blocks are removed (`ocr_rewards.think`;
     component `think_removed` says one was), unless `think="keep"`. A prediction identical to its reference
     always scores 1.0 (component `identical`), whatever the task; one over `max_pred_chars` scores 0
-    (`too_long`); a reference over `MAX_REF_CHARS` by `long_reference_score`; otherwise `value = base * g`, g the degeneration gate
-    (`ocr_rewards.gate`).
+    (`too_long`); a reference over `MAX_REF_CHARS` by `long_reference_score`; otherwise `value = base * g`,
+    g the degeneration gate (`ocr_rewards.gate`).
     `table_bonus` is the reading of the table shape bonus (`ocr_rewards.table`); a table that is not identical to
     its reference carries `saturated` (1.0 when it still scores 1.0, so its group advantage vanishes).
 
