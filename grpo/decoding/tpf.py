@@ -29,8 +29,8 @@ from grpo.decoding.diffusion import diffusion_generate
 from grpo.decoding.presets import PRESETS, DecodePreset, settings_record
 from grpo.decoding.selfspec import GravityRoundDecoder
 from grpo.prompting import encode_prompt
-from ocr_rewards.think import strip_think
 from ocr_rewards.settings import HELD_OUT, RewardSettings
+from ocr_rewards.think import strip_think
 
 MODES = ("selfspec", "diffusion")
 CHUNK_BATCHES = 8  # prompts encoded and decoded together: this many batches' worth
