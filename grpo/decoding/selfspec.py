@@ -112,16 +112,13 @@ class GravityRoundDecoder(SelfSpecDecoder):
         self.tokens = tokens = []
         result = DecodeResult(tokens=tokens)
         while not (tokens and tokens[-1] in self.stop_ids) and len(tokens) < self.max_new_tokens:
-            if tokens:  # [x0 | B masks]: x0's logits give a0, mask j's give d_j; verify [a0, d1..dB]
-                logits = session.forward([tokens[-1]] + [self.mask_id] * B, draft=True)
-                draft = logits.argmax(-1).tolist()         # a0, d1..dB
-                session.crop_to(self.prompt_len + len(tokens))
-                verified = [draft[0]] + session.forward(draft).argmax(-1).tolist()
-            else:       # [B masks]: the prefill gives x0, mask j-1 gives d_j, the last mask d_B; verify [x0, d1..dB]
-                logits = session.forward([self.mask_id] * B, draft=True, boundary=False)
-                draft = [int(seed.argmax())] + logits.argmax(-1).tolist()
-                session.crop_to(self.prompt_len)
-                verified = [draft[0]] + session.forward(draft).argmax(-1).tolist()
+            masks = [self.mask_id] * B
+            if tokens:  # [x0 | B masks]: x0's logits give a0, mask j's give d_j
+                draft = session.forward([tokens[-1]] + masks, draft=True).argmax(-1).tolist()   # a0, d1..dB
+            else:       # [B masks]: the prefill gives x0, mask j-1 gives d_j, the last mask d_B
+                draft = [int(seed.argmax())] + session.forward(masks, draft=True, boundary=False).argmax(-1).tolist()
+            session.crop_to(self.prompt_len + len(tokens))   # the committed tokens' causal states, x0's included
+            verified = [draft[0]] + session.forward(draft).argmax(-1).tolist()   # verify [a0 (or x0), d1..dB]
             accepted = 1                                   # draft[0] is the verifier's own token
             while accepted <= B and draft[accepted] == verified[accepted]:
                 accepted += 1
