@@ -54,8 +54,10 @@ def handles_images(processor: Any) -> bool:
     return hasattr(processor, "image_processor")
 
 
-def encode_prompt(processor: Any, row: Mapping[str, Any], is_vlm: bool) -> dict[str, torch.Tensor]:
-    """Model inputs (batch of one, tensors) for one pool row."""
+def encode_prompt(processor: Any, row: Mapping[str, Any], is_vlm: bool,
+                  image_long_side: str | int | None = None) -> dict[str, torch.Tensor]:
+    """Model inputs (batch of one, tensors) for one pool row, its crop fitted to `image_long_side`
+    (`grpo.rollouts.image_prompts.fit_long_side`; None or 'full': as given)."""
     prompt = _field(row, "prompt")
     if not isinstance(prompt, str):
         raise ValueError(f"pool row field 'prompt' must be a string, got {type(prompt).__name__}")
@@ -65,7 +67,9 @@ def encode_prompt(processor: Any, row: Mapping[str, Any], is_vlm: bool) -> dict[
     if not handles_images(processor):
         raise ValueError("encoding an image prompt needs the model's processor (with its image processor), "
                          f"got {type(processor).__name__}")
-    messages = user_turn(prompt, load_image(_field(row, "image")))
+    from grpo.rollouts.image_prompts import fit_long_side
+
+    messages = user_turn(prompt, fit_long_side(load_image(_field(row, "image")), image_long_side))
     return dict(processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                               return_dict=True, return_tensors="pt"))
 

@@ -108,6 +108,8 @@ def test_mine_flags_come_from_the_fields_and_old_flags_still_work():
         "tiny", 4, 32, 0.5, False)
     assert new.reward_settings.table_bonus == "clipped"  # the reward's reading keeps its default
     assert _mine_config(["--pool", "p", "--output-dir", "o", "--table-bonus", "scaled"]).table_bonus == "scaled"
+    assert new.reward_settings.think == "strip"
+    assert _mine_config(["--pool", "p", "--output-dir", "o", "--think", "keep"]).reward_settings.think == "keep"
     with pytest.raises(ConfigError, match="output_dir must be set"):
         _mine_config(["--pool", "p"])
 

@@ -107,3 +107,15 @@ def test_a_file_argument_is_a_file(tmp_path, capsys):
                           ("nul.txt", "a binary file (NUL byte at offset 1)")):
         assert main(["score", "--task", "text", "--pred", str(tmp_path / name), "--ref", ref]) == 2
         assert f"error: prediction file {tmp_path / name}: {message}" in capsys.readouterr().err
+
+
+def test_think_blocks_are_removed_unless_kept(capsys):
+    """Check `think-strip` through the command: `--explain` says a block was removed; `--think keep` scores it."""
+    pair = ["score", "--task", "text", "--pred-text", "<think>\n</think>\nHello world", "--ref-text", "Hello world"]
+    assert main(pair + ["--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["value"] == 1.0 and result["components"]["think_removed"] == 1.0
+    assert main(pair + ["--explain"]) == 0
+    assert "think_removed" in capsys.readouterr().out
+    assert main(pair + ["--think", "keep", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["value"] == pytest.approx(10 / 19)

@@ -6,8 +6,11 @@ import json
 
 from PIL import Image
 
+import pytest
+
 from grpo.cli import main
 from grpo.decoding.presets import PRESETS
+from grpo.rollouts.image_prompts import fit_long_side, long_side
 
 GRAVITYOCR_CAPS = {"text": 512, "table": 4096, "formula": 4096}  # MAX_NEW_TOKENS of GravityOCR's inference
 
@@ -23,7 +26,7 @@ def test_tpf_preset_gravityocr_writes_its_settings(tmp_path):
                if task in settings["max_new_tokens"])
     assert set(settings["max_new_tokens"]) == {r["task"] for r in stats["rows"]}
     assert settings["stop_token_ids"] == [0] and settings["bd_size"] == 16  # the tokenizer's EOS; the checkpoint's B
-    assert settings["image_resize"] == "long side <= 768 (LANCZOS)"
+    assert settings["image_long_side"] == "full"  # GravityOCR's published evaluation passes 99999
     assert set(settings["tpf_convention"]) == {"tpf", "tpf_bench"} and stats["tpf_bench"] is not None
 
 
@@ -32,16 +35,22 @@ def test_default_preset_stays_the_cpu_one(tmp_path):
     assert main(["tpf", "--model", "tiny", "--pool", "tiny-probe", "--limit", "2", "--max-new-tokens", "64",
                  "--out", str(out)]) == 0
     settings = json.loads(out.read_text())["settings"]
-    assert settings["preset"] == "cpu" and settings["dtype"] == "float32" and settings["image_resize"] == "none"
+    assert settings["preset"] == "cpu" and settings["dtype"] == "float32" and settings["image_long_side"] == "full"
     assert set(settings["max_new_tokens"].values()) == {64}
 
 
 def test_crops_are_resized_as_gravityocr_feeds_them():
-    fit = PRESETS["gravityocr"].fit
-    assert fit(Image.new("RGB", (1536, 400))).size == (768, 200)
-    assert fit(Image.new("RGB", (300, 1000))).size == (230, 768)  # int() of the scaled side, as GravityOCR
+    assert PRESETS["gravityocr"].image_long_side == PRESETS["cpu"].image_long_side == "full"
+    assert fit_long_side(Image.new("RGB", (1536, 400)), "768").size == (768, 200)
+    assert fit_long_side(Image.new("RGB", (300, 1000)), "768").size == (230, 768)  # int() of the scaled side
+    assert fit_long_side(Image.new("RGB", (4000, 1000)), "1344").size == (1344, 336)
+    assert fit_long_side(Image.new("RGB", (40, 10)), 20).size == (20, 5)
     small = Image.new("RGB", (700, 500))
-    assert fit(small) is small and PRESETS["cpu"].fit(Image.new("RGB", (2000, 10))).size == (2000, 10)
+    assert fit_long_side(small, "768") is small
+    assert fit_long_side(Image.new("RGB", (99999, 10)), "full").size == (99999, 10)
+    for bad in ("0", "-5", "big", "76.8"):
+        with pytest.raises(ValueError, match="image_long_side must be one of full, 768, 1344 or a number"):
+            long_side(bad)
 
 
 def test_probe_metrics_carry_the_held_out_reward_interval_into_the_drift_plot(tmp_path):
@@ -61,3 +70,38 @@ def test_probe_metrics_carry_the_held_out_reward_interval_into_the_drift_plot(tm
     assert records[0]["settings"] == {"preset": "cpu"}
     png = plot_drift(records, tmp_path / "drift.png", tpf_floor=0.1)  # floor line, interval, AR-equal 75% marked
     assert png.stat().st_size > 10_000
+
+
+def test_one_image_preparation_for_rollouts_mining_probe_and_tpf(tmp_path, capsys):
+    """Setting `image_long_side` (issue 33): the training pool TRL and the vLLM rollouts read, the rows mining
+    samples, and the crops the probe and `tpf` encode are all fitted by `fit_long_side`; the value is recorded."""
+    from grpo.evaluation.drift import ProbeSettings
+    from grpo.pool import load_pool
+    from grpo.prompting import encode_prompt
+    from grpo.rollouts.image_prompts import with_long_side
+    from grpo.training.config import load_config
+    from grpo.checkpoint import load_checkpoint
+    from grpo.yaml_config import ConfigError
+
+    pool = load_pool("data/tiny/vlm/probe").select(range(2))
+    fitted = with_long_side(pool, "16")
+    assert [max(row["image"].size) for row in fitted] == [16, 16] and max(pool[0]["image"].size) > 16
+    assert with_long_side(pool, "full") is pool
+    ckpt = load_checkpoint("data/tiny/vlm/model", need_drafter=True)
+    full, small = (encode_prompt(ckpt.processor, pool[0], True, side)["input_ids"].shape[1] for side in ("full", 16))
+    assert small < full  # fewer image tokens
+    assert small == encode_prompt(ckpt.processor, fitted[0], True)["input_ids"].shape[1]
+
+    cpu = {"output_dir": str(tmp_path / "run"), "use_cpu": True, "bf16": False}
+    config = load_config(None, {**cpu, "image_long_side": "768"})
+    assert config.image_long_side == "768" and config.to_dict()["image_long_side"] == "768"  # run_config.json
+    assert ProbeSettings.of(lambda name: getattr(config, name)).image_long_side == "768"
+    with pytest.raises(ConfigError, match="image_long_side must be one of full, 768, 1344"):
+        load_config(None, {**cpu, "image_long_side": "huge"})
+
+    out = tmp_path / "tpf.json"
+    assert main(["tpf", "--model", "data/tiny/vlm/model", "--pool", "data/tiny/vlm/probe", "--limit", "2",
+                 "--max-new-tokens", "8", "--image-long-side", "16", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["settings"]["image_long_side"] == "16"
+    assert main(["tpf", "--pool", "tiny-probe", "--image-long-side", "0"]) == 2
+    assert "error: --image-long-side: image_long_side must be one of" in capsys.readouterr().err

@@ -24,10 +24,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-bad", action="store_true", help="leave malformed pool rows out (listed) "
                                                                  "instead of stopping")
     parser.add_argument("--bd-size", type=int, default=None, help="draft block size B (default: the checkpoint's)")
-    parser.add_argument("--preset", choices=("cpu", "gravityocr"), default="cpu",
+    from grpo.decoding.presets import PRESETS
+
+    parser.add_argument("--preset", choices=tuple(PRESETS), default="cpu",
                         help="decode settings (grpo/decoding/presets.py): cpu, the tiny world's (fp32, one cap); "
-                             "gravityocr, GravityOCR's published decode (bf16, caps per task, crops resized to "
-                             "a 768 long side, stop at the tokenizer's EOS)")
+                             "gravityocr, GravityOCR's published decode (bf16, caps per task, crops as given, stop "
+                             "at the tokenizer's EOS)")
+    parser.add_argument("--round", choices=("package", "gravityocr"), default=None,
+                        help="round layout (docs/spec.md §5): package, x0 from the prefill; gravityocr, GravityOCR's "
+                             "(batch 1, greedy; default: the preset's)")
+    parser.add_argument("--image-long-side", default=None, metavar="full|768|1344|N",
+                        help="long side crops are resized to (grpo/rollouts/image_prompts.py; default: the "
+                             "preset's, full)")
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help="output cap per prompt (default: the preset's per task, else 512)")
     parser.add_argument("--compare-ar", action="store_true", help="also decode AR greedy; report the equal share")
@@ -122,10 +130,21 @@ def run(args: argparse.Namespace) -> int:
     from grpo.errors import UserError
     from grpo.hardware import torch_device, torch_device_named
     from grpo.outputs import atomic_write, output_file
+    from grpo.rollouts.image_prompts import long_side
 
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit must be >= 1, got {args.limit}")
     preset = preset_named(args.preset)
+    if args.image_long_side is not None:
+        try:
+            long_side(args.image_long_side)
+        except ValueError as err:
+            raise UserError(f"--image-long-side: {err}") from None
+    if args.round is not None:
+        preset = dataclasses.replace(preset, round=args.round)
+    if preset.round == "gravityocr" and (args.mode != "selfspec" or args.batch_size > 1 or args.temperature > 0):
+        raise UserError(f"GravityOCR's round layout (preset {args.preset}, --round {preset.round}) decodes "
+                        "self-speculatively and greedily at batch 1: leave out --mode, --batch-size and --temperature")
     if args.max_new_tokens is not None and preset.max_new_tokens:
         preset = dataclasses.replace(preset, max_new_tokens=None)  # the flag's one cap replaces the preset's
     if args.max_new_tokens is None:
@@ -144,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     stats = measure_tpf(ckpt.model, ckpt.processor, pool, ckpt.bd, is_vlm=ckpt.is_vlm, bd_size=args.bd_size,
                         max_new_tokens=args.max_new_tokens, compare_ar=args.compare_ar, mode=args.mode,
                         tau=args.tau, score=args.score, batch_size=args.batch_size, temperature=args.temperature,
-                        samples=args.samples, seed=args.seed, preset=preset)
+                        samples=args.samples, seed=args.seed, preset=preset, image_long_side=args.image_long_side)
     stats = {"written_by": STAMP, **stats, "model": str(ckpt.path), "pool": args.pool}
     console.print(_table(stats))
     console.print(f"decode wall time {stats['wall_s']:.2f} s at batch size {args.batch_size}", markup=False)

@@ -27,14 +27,16 @@ class DecodeResult:
 
 
 @functools.lru_cache(maxsize=32)
-def window_mask(size: int, dtype: torch.dtype, device: str) -> torch.Tensor:
+def window_mask(size: int, dtype: torch.dtype, device: str, boundary: bool = True) -> torch.Tensor:
     """Additive mask (1, 1, size, size) of the draft window `[x0, M×(size-1)]` over itself.
 
-    Row 0 (x0) is causal: it sees none of the masks. Mask rows see the whole window. The cache columns,
+    Row 0 (x0) is causal: it sees none of the masks. Mask rows see the whole window. Without `boundary` the
+    window is masks only, all seeing each other (the first round of GravityOCR's layout). The cache columns,
     all visible, are prepended by `Session.forward`.
     """
     mask = torch.zeros(1, 1, size, size, dtype=dtype, device=device)
-    mask[0, 0, 0, 1:] = torch.finfo(dtype).min
+    if boundary:
+        mask[0, 0, 0, 1:] = torch.finfo(dtype).min
     return mask
 
 
@@ -113,12 +115,13 @@ class Session:
                          logits_to_keep=1)
         return out.logits[0, -1]
 
-    def forward(self, ids: list[int], draft: bool = False) -> torch.Tensor:
-        """Feed `ids` after the cache: causal, or as a draft window `[x0, masks]`; return logits (len(ids), vocab)."""
+    def forward(self, ids: list[int], draft: bool = False, boundary: bool = True) -> torch.Tensor:
+        """Feed `ids` after the cache: causal, or as a draft window `[x0, masks]` (`[masks]` without
+        `boundary`); return logits (len(ids), vocab)."""
         n, past = len(ids), self.length
         mask = None
         if draft:
-            mask = torch.nn.functional.pad(window_mask(n, self.dtype, str(self.device)), (past, 0))
+            mask = torch.nn.functional.pad(window_mask(n, self.dtype, str(self.device), boundary), (past, 0))
         out = self.model(input_ids=torch.tensor([ids], device=self.device), attention_mask=mask,
                          position_ids=self._positions(past, n), past_key_values=self.cache, use_cache=True)
         self.forwards += 1

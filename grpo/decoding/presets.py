@@ -2,15 +2,21 @@
 
 - `cpu` (the default): the tiny world's settings; fp32, one output cap for every task (the caller's), crops as
   given, stop at the generation config's and the tokenizer's EOS ids.
-- `gravityocr`: GravityOCR's published decode (trillion-labs/GravityOCR `src/infer_omnidocbench.py`): bf16,
-  caps per task `{text: 512, table: 4096, formula: 4096}`, crops resized so the long side is at most 768
-  (LANCZOS, only when larger), stop at the tokenizer's EOS alone. The block size is the checkpoint's
+- `gravityocr`: GravityOCR's published decode (trillion-labs/GravityOCR `src/infer_omnidocbench.py` as
+  `slurm/eval_omnidocbench.slurm` runs it): bf16, caps per task `{text: 512, table: 4096, formula: 4096}`,
+  crops as given (`image_long_side: full`: the evaluation passes 99999), stop at the tokenizer's EOS alone.
+- `gravityocr-bench`: GravityOCR's forward bench (`tools/bench_forwards.py`, its `spec_natcache_ds1` arm):
+  bf16, caps `{text: 256, table: 768, formula: 256}`, crops fitted to a 1344 long side (the default of its
+  decode functions, which the bench does not change), the tokenizer's EOS, and its round layout
+  (`round: gravityocr`, `grpo.decoding.selfspec.GravityRoundDecoder`; batch 1, greedy). Its `tpf_bench` is
+  the bench's tokens per forward, counted line for line (docs/spec.md §5). The block size is the checkpoint's
   (`block_diffusion.json`), and the self-speculative round is the full-draft one GravityOCR runs by default
-  (boundary token plus B masks, every mask logit used, the verifier's bonus token on a full accept), which is
-  this package's round in every preset.
+  (boundary token plus B masks, every mask logit used, the verifier's bonus token on a full accept) in this
+  package's layout (`round: package`) except in `gravityocr-bench`.
 
 Every `tpf` JSON and drift record carries `settings_record(...)`: preset, dtype, caps per task, block size, stop
-ids, the image resize rule, batch size and the TPF conventions.
+ids, `image_long_side` (the preset's unless the run or command sets it; `grpo.rollouts.image_prompts`), batch
+size and the TPF conventions.
 
 Example:
     >>> PRESETS["gravityocr"].cap("table", 512)
@@ -22,6 +28,12 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 FULL_DRAFT_ROUND = "full draft: boundary token + B masks, every mask logit used, bonus token on a full accept"
+# The round layouts (docs/spec.md §5, "Round layouts"): what the `round` of a settings record says.
+ROUNDS = {
+    "package": f"{FULL_DRAFT_ROUND}; x0 from the prefill; no verify when a0 ends the output; output cut at the cap",
+    "gravityocr": f"{FULL_DRAFT_ROUND}; first round drafts B masks with x0 from the prefill; every round "
+                  "verified; the last round may run past the cap (GravityOCR's generate_speculative_natcache)",
+}
 
 
 @dataclass(frozen=True)
@@ -31,8 +43,9 @@ class DecodePreset:
     name: str
     dtype: str                               # torch dtype name the model is loaded in
     max_new_tokens: Mapping[str, int] | None  # cap per task; None: the caller's one cap for every task
-    max_long_side: int | None                # crops larger than this on their long side are resized to it
+    image_long_side: str                     # crops fitted to it (grpo.rollouts.image_prompts.fit_long_side)
     stop: str                                # "eos+generation_config" or "tokenizer_eos"
+    round: str = "package"                   # a key of ROUNDS
 
     def cap(self, task: str, default: int) -> int:
         """The output cap of `task` (`default` where the preset has none for it)."""
@@ -46,22 +59,13 @@ class DecodePreset:
             return frozenset({tokenizer.eos_token_id})
         return stop_token_ids(model, tokenizer)
 
-    def fit(self, image: Any) -> Any:
-        """`image` (PIL) resized so its long side is at most `max_long_side`, as GravityOCR feeds crops."""
-        from PIL import Image
-
-        side = self.max_long_side
-        w, h = image.size
-        if side is None or max(w, h) <= side:
-            return image
-        scale = side / max(w, h)
-        return image.resize((int(w * scale), int(h * scale)), Image.LANCZOS)
-
 
 PRESETS = {
-    "cpu": DecodePreset("cpu", "float32", None, None, "eos+generation_config"),
-    "gravityocr": DecodePreset("gravityocr", "bfloat16", {"text": 512, "table": 4096, "formula": 4096}, 768,
+    "cpu": DecodePreset("cpu", "float32", None, "full", "eos+generation_config"),
+    "gravityocr": DecodePreset("gravityocr", "bfloat16", {"text": 512, "table": 4096, "formula": 4096}, "full",
                                "tokenizer_eos"),
+    "gravityocr-bench": DecodePreset("gravityocr-bench", "bfloat16", {"text": 256, "table": 768, "formula": 256},
+                                     "1344", "tokenizer_eos", "gravityocr"),
 }
 
 
@@ -73,11 +77,12 @@ def preset_named(name: str) -> DecodePreset:
 
 
 def settings_record(preset: DecodePreset, *, dtype: str, max_new_tokens: int, tasks: list[str], bd_size: int,
-                    stop_ids: frozenset[int], batch_size: int, conventions: Mapping[str, str]) -> dict:
-    """The `settings` object of a TPF figure: what shaped it, with the caps of the tasks measured."""
+                    stop_ids: frozenset[int], batch_size: int, conventions: Mapping[str, str],
+                    image_long_side: str | None = None) -> dict:
+    """The `settings` object of a TPF figure: what shaped it, with the caps of the tasks measured
+    (`image_long_side` None: the preset's)."""
     return {"preset": preset.name, "dtype": dtype,
             "max_new_tokens": {task: preset.cap(task, max_new_tokens) for task in sorted(tasks)},
             "bd_size": bd_size, "stop_token_ids": sorted(stop_ids),
-            "image_resize": (f"long side <= {preset.max_long_side} (LANCZOS)" if preset.max_long_side
-                             else "none"),
-            "round": FULL_DRAFT_ROUND, "batch_size": batch_size, "tpf_convention": dict(conventions)}
+            "image_long_side": str(preset.image_long_side if image_long_side is None else image_long_side),
+            "round": ROUNDS[preset.round], "batch_size": batch_size, "tpf_convention": dict(conventions)}

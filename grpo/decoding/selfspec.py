@@ -1,6 +1,7 @@
 """Self-speculative decoding (docs/spec.md §5, paper B.2) and its reference, plain AR greedy decoding, at batch 1.
 
-Both run one prompt at a time with a KV cache (`grpo.decoding.kv_session.Session`) and greedy top-1, so under exact
+`GravityRoundDecoder` is the same decoding in GravityOCR's own round layout (docs/spec.md §5, "Round layouts").
+All run one prompt at a time with a KV cache (`grpo.decoding.kv_session.Session`) and greedy top-1, so under exact
 arithmetic they produce the same tokens. They are the references the batched decoders of `grpo.decoding.batched`
 (which `gravity-grpo tpf`, the probe and the rollouts use) are tested against, row by row.
 
@@ -84,6 +85,48 @@ class SelfSpecDecoder:
                 result.accepted.append(min(accepted, len(committed) - 1))
             self.tokens += committed
             session.crop_to(self.prompt_len + len(self.tokens) - 1)   # causal states of x0, a0, d1..dA
+            result.rounds += 1
+        result.forwards = session.forwards
+        return result
+
+
+class GravityRoundDecoder(SelfSpecDecoder):
+    """Greedy self-speculative decoding in GravityOCR's round layout (`generate_speculative_natcache` of its
+    `src/fast_sampling.py`, the round its forward bench counts), at batch 1.
+
+    The prefill's logits give x0 but commit nothing: the first round drafts over B masks alone, the first one
+    standing where x0 will stand (x0 from the prefill, d_j from mask j-1's logits, d_B from the last mask's),
+    and verifies `[x0, d1..dB]`. Later rounds are this package's (`[x0 | B masks]`, then `[a0, d1..dB]`).
+    Every round runs its verify, also when its first token ends the output; a round that starts under
+    `max_new_tokens` commits in full (the output may run past the cap); the output ends at its first stop token.
+    `forwards` counts every forward but the prefill: a hook on decoder layer 0 counts `forwards + 1`.
+    """
+
+    @torch.inference_mode()
+    def generate(self, inputs: dict[str, torch.Tensor]) -> DecodeResult:
+        """Decode one prompt (model inputs from `grpo.prompting.encode_prompt`)."""
+        B = self.bd_size
+        self.session = session = Session(self.model)
+        self.prompt_len = inputs["input_ids"].shape[1]
+        seed = session.prefill(inputs)                     # predicts x0
+        self.tokens = tokens = []
+        result = DecodeResult(tokens=tokens)
+        while not (tokens and tokens[-1] in self.stop_ids) and len(tokens) < self.max_new_tokens:
+            masks = [self.mask_id] * B
+            if tokens:  # [x0 | B masks]: x0's logits give a0, mask j's give d_j
+                draft = session.forward([tokens[-1]] + masks, draft=True).argmax(-1).tolist()   # a0, d1..dB
+            else:       # [B masks]: the prefill gives x0, mask j-1 gives d_j, the last mask d_B
+                draft = [int(seed.argmax())] + session.forward(masks, draft=True, boundary=False).argmax(-1).tolist()
+            session.crop_to(self.prompt_len + len(tokens))   # the committed tokens' causal states, x0's included
+            verified = [draft[0]] + session.forward(draft).argmax(-1).tolist()   # verify [a0 (or x0), d1..dB]
+            accepted = 1                                   # draft[0] is the verifier's own token
+            while accepted <= B and draft[accepted] == verified[accepted]:
+                accepted += 1
+            committed = draft[:accepted] + [verified[accepted]]
+            kept, _ = truncate(committed, self.stop_ids, len(committed))   # cut at a stop token only
+            result.accepted.append(min(accepted - 1, len(kept) - 1))
+            tokens += kept
+            session.crop_to(self.prompt_len + len(tokens) - 1)
             result.rounds += 1
         result.forwards = session.forwards
         return result

@@ -3,8 +3,10 @@
 Two conventions, both ratios of sums over the prompts, both 1.0 for plain AR decoding:
 - `tpf` (this package's): output tokens after x0 / (draft + verify forwards). x0 comes from the prefill, so
   neither the prefill's token nor its forward is counted; AR decoding commits one token per forward after it.
-- `tpf_bench` (GravityOCR's bench tool): the output's text re-tokenized (special tokens such as EOS dropped) /
-  every forward, the prefill included.
+- `tpf_bench` (GravityOCR's `tools/bench_forwards.py`, line for line): the output up to its stop token, decoded
+  without special tokens, its think block removed (`ocr_rewards.think`), re-tokenized without special tokens
+  / every forward, the prefill included (what a hook on decoder layer 0 counts). With the preset
+  `gravityocr-bench` (its caps, crops and round layout) it is the bench's own figure.
 The GRPO trainer calls `decode_rows` every N steps; the `gravity-grpo tpf` command wraps `measure_tpf`.
 
 Example:
@@ -25,14 +27,16 @@ from grpo.checkpoint import BlockDiffusionConfig, CheckpointError, tokenizer_of
 from grpo.decoding.batched import BatchARDecoder, BatchDecoder, Sampler
 from grpo.decoding.diffusion import diffusion_generate
 from grpo.decoding.presets import PRESETS, DecodePreset, settings_record
-from grpo.prompting import encode_prompt, load_image
+from grpo.decoding.selfspec import GravityRoundDecoder
+from grpo.prompting import encode_prompt
 from ocr_rewards.settings import HELD_OUT, RewardSettings
+from ocr_rewards.think import strip_think
 
 MODES = ("selfspec", "diffusion")
 CHUNK_BATCHES = 8  # prompts encoded and decoded together: this many batches' worth
 TPF_CONVENTION = {"tpf": "sum(tokens - 1) / sum(forwards): output tokens after x0 over draft + verify forwards",
-                  "tpf_bench": "sum(text_tokens) / sum(forwards + 1): re-tokenized text over every forward, "
-                               "prefill included (GravityOCR's bench)"}
+                  "tpf_bench": "sum(text_tokens) / sum(forwards + 1): the text (think block removed) re-tokenized, "
+                               "over every forward, prefill included (GravityOCR's tools/bench_forwards.py)"}
 # Output-length bins of the paper's breakdown: (label, lower bound inclusive, upper bound exclusive).
 LENGTH_BINS = (("<128", 0, 128), ("128-511", 128, 512), ("512-1023", 512, 1024), (">=1024", 1024, None))
 
@@ -111,14 +115,15 @@ def decode_rows(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
                 tau: float = 0.9, score: bool = False, reward_settings: RewardSettings = HELD_OUT,
                 progress: bool = True, batch_size: int = 1,
                 temperature: float = 0.0, samples: int = 1, seed: int = 0,
-                preset: DecodePreset = PRESETS["cpu"]) -> list[dict]:
+                preset: DecodePreset = PRESETS["cpu"], image_long_side: str | None = None) -> list[dict]:
     """Decode every row with the drafter (`mode` "selfspec", or "diffusion" with threshold `tau`, batch 1).
 
     Self-speculative decoding runs `batch_size` prompts at once: greedy at `temperature` 0 (outputs equal to
     AR greedy in exact arithmetic), else exact speculative sampling, `samples` draws per prompt from one
     generator seeded with `seed`. Returns one record per (row, sample): `index` (from `indices`, default
     0, 1, ...), `sample`, `task`, `prompt_ids` (text-only policies; None for images), `output_ids`, `tokens`,
-    `text_tokens` (the output's text re-tokenized), `forwards` (draft + verify, prefill excluded), `rounds`,
+    `text_tokens` (the output's text re-tokenized as `tpf_bench` counts it), `forwards` (draft + verify,
+    prefill excluded), `rounds`,
     `accepted` (drafts committed in each verified round, docs/spec.md §5), `truncated` (stopped by
     `max_new_tokens`), `ar_equal` (None unless compared: `compare_ar` True for every row, or a collection of
     the indices to compare; AR greedy decoded at the same batch size), `reward` and `exact` (None without
@@ -126,7 +131,9 @@ def decode_rows(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
     `reward_settings`, default `ocr_rewards.settings.HELD_OUT`), `length_bin`, `wall_s` (the
     row's share of its batch's decode time). The model's train/eval mode is restored afterwards.
     `preset` (`grpo.decoding.presets`) sets the output cap per task (`max_new_tokens` where it has none), the
-    stop ids and the crop resizing.
+    stop ids, the crops' `image_long_side` (unless given: `grpo.rollouts.image_prompts`) and the round layout
+    (`round: gravityocr`: `GravityRoundDecoder`, batch 1, greedy; its output may run past the cap, and AR
+    equality compares its first `max_new_tokens` tokens).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -138,6 +145,9 @@ def decode_rows(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
         raise ValueError("diffusion mode decodes greedily at batch 1: leave batch_size, temperature and samples")
     if temperature > 0 and compare_ar:
         raise ValueError("AR equality is a greedy check: compare_ar needs temperature 0")
+    if preset.round == "gravityocr" and (mode != "selfspec" or batch_size > 1 or temperature > 0 or samples > 1):
+        raise ValueError("GravityOCR's round layout (preset gravityocr-bench) decodes self-speculatively, greedily, "
+                         "at batch 1: leave mode, batch_size, temperature and samples")
     rows = list(rows)
     indices = list(range(len(rows)) if indices is None else indices)
     if len(indices) != len(rows):
@@ -146,16 +156,19 @@ def decode_rows(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
     if len(set(caps)) > 1:  # one decoder per output cap: the rows of each cap decoded together
         options = dict(is_vlm=is_vlm, bd_size=bd_size, compare_ar=compare_ar, mode=mode, tau=tau, score=score,
                        reward_settings=reward_settings, progress=progress, batch_size=batch_size,
-                       temperature=temperature, samples=samples, seed=seed, preset=preset)
+                       temperature=temperature, samples=samples, seed=seed, preset=preset,
+                       image_long_side=image_long_side)
         return [r for cap in sorted(set(caps)) for r in decode_rows(
             model, processor, [row for row, c in zip(rows, caps) if c == cap], bd, max_new_tokens=cap,
             indices=[i for i, c in zip(indices, caps) if c == cap], **options)]
     max_new_tokens = caps[0] if caps else max_new_tokens
+    side = preset.image_long_side if image_long_side is None else image_long_side
     size = bd_size or bd.bd_size
     tokenizer = tokenizer_of(processor)
     stops = preset.stop_ids(model, tokenizer)
     sampler = Sampler(temperature, torch.Generator().manual_seed(seed))
     selfspec = BatchDecoder(model, bd.mask_id, size, stops, max_new_tokens, sampler)
+    gravity = GravityRoundDecoder(model, bd.mask_id, size, stops, max_new_tokens)
     jobs = [(index, row, k) for index, row in zip(indices, rows) for k in range(samples)]
     compared = set(indices) if compare_ar is True else set(compare_ar or ())
     scoring = reward_settings if score else None
@@ -168,9 +181,11 @@ def decode_rows(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
         chunk = CHUNK_BATCHES * batch_size   # a finished row's place goes to the next prompt within a chunk
         for start in range(0, len(jobs), chunk):
             part = jobs[start:start + chunk]
-            inputs = [encode_prompt(processor, _fitted(row, preset, is_vlm), is_vlm) for _, row, _ in part]
+            inputs = [encode_prompt(processor, row, is_vlm, side) for _, row, _ in part]
             begin = time.perf_counter()
-            if mode == "selfspec":
+            if preset.round == "gravityocr":
+                results = [gravity.generate(x) for x in inputs]
+            elif mode == "selfspec":
                 results = selfspec.generate(inputs, batch_size)
             else:
                 results = [diffusion_generate(model, x, mask_id=bd.mask_id, bd_size=size, stop_ids=stops,
@@ -178,7 +193,8 @@ def decode_rows(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
             wall = (time.perf_counter() - begin) / len(part)
             check = [j for j, (index, _, _) in enumerate(part) if index in compared]
             greedy = ar.generate([inputs[j] for j in check], batch_size) if check else []
-            ar_equal = {j: a.tokens == results[j].tokens for j, a in zip(check, greedy)}
+            # over the cap: GravityOCR's last round may run past it, AR greedy stops at it
+            ar_equal = {j: a.tokens == results[j].tokens[:max_new_tokens] for j, a in zip(check, greedy)}
             for j, ((index, row, k), x, result) in enumerate(zip(part, inputs, results)):
                 records.append(_record(index, k, row, x, result, tokenizer, stops, is_vlm, scoring,
                                        ar_equal.get(j), wall))
@@ -189,26 +205,21 @@ def decode_rows(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
     return records
 
 
-def _fitted(row: Mapping[str, Any], preset: DecodePreset, is_vlm: bool) -> Mapping[str, Any]:
-    """`row` with its crop resized as `preset` says (unchanged without an image or a resize rule)."""
-    if not is_vlm or preset.max_long_side is None:
-        return row
-    return {**row, "image": preset.fit(load_image(row["image"]))}
-
-
 def _record(index: int, sample: int, row: Mapping[str, Any], inputs: dict, result: Any, tokenizer: Any,
             stops: frozenset[int], is_vlm: bool, scoring: RewardSettings | None, ar_equal: bool | None,
             wall: float) -> dict:
     """One decoded (row, sample) as `decode_rows` documents it; scored with `scoring` unless None."""
     text = tokenizer.decode(result.tokens, skip_special_tokens=True)
+    ended = result.tokens[:-1] if result.tokens[-1] in stops else result.tokens
+    bench_text, _ = strip_think(tokenizer.decode(ended, skip_special_tokens=True))
     reward = exact = None
     if scoring is not None:
-        reward = rewards.score(text, row["target"], row["task_type"], scoring).value
-        exact = text == row["target"]
+        scored = rewards.score(text, row["target"], row["task_type"], scoring)
+        reward, exact = scored.value, "identical" in scored.components  # after the think block's removal
     return {
         "index": index, "sample": sample, "task": row.get("task_type", "unknown"),
         "prompt_ids": None if is_vlm else inputs["input_ids"][0].tolist(), "output_ids": result.tokens,
-        "tokens": len(result.tokens), "text_tokens": len(tokenizer.encode(text, add_special_tokens=False)),
+        "tokens": len(result.tokens), "text_tokens": len(tokenizer.encode(bench_text, add_special_tokens=False)),
         "forwards": result.forwards, "rounds": result.rounds, "accepted": result.accepted,
         "truncated": result.tokens[-1] not in stops, "ar_equal": ar_equal, "reward": reward, "exact": exact,
         "length_bin": length_bin(len(result.tokens)), "wall_s": wall}
@@ -246,5 +257,6 @@ def measure_tpf(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
     settings["settings"] = settings_record(
         preset, dtype=str(next(model.parameters()).dtype).removeprefix("torch."), max_new_tokens=max_new_tokens,
         tasks=sorted({r["task"] for r in records}), bd_size=bd_size or bd.bd_size,
-        stop_ids=preset.stop_ids(model, tokenizer_of(processor)), batch_size=batch, conventions=TPF_CONVENTION)
+        stop_ids=preset.stop_ids(model, tokenizer_of(processor)), batch_size=batch, conventions=TPF_CONVENTION,
+        image_long_side=options.get("image_long_side"))
     return tpf_stats(records, **settings)

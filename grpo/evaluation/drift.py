@@ -31,10 +31,12 @@ class ProbeSettings:
     batch_size: int
     temperature: float   # the sampled probe's: the rollout temperature
     samples: int         # sampled draws per prompt (0: greedy only)
-    preset: str = "cpu"  # grpo.decoding.presets: caps per task, crop resizing, stop ids
+    preset: str = "cpu"  # grpo.decoding.presets: caps per task, stop ids
+    image_long_side: str = "full"  # the run's, as its rollouts see crops (grpo.rollouts.image_prompts)
 
     CONFIG_FIELDS = {"max_new_tokens": "tpf_max_new_tokens", "batch_size": "tpf_batch_size",
-                     "temperature": "temperature", "samples": "tpf_samples", "preset": "tpf_preset"}
+                     "temperature": "temperature", "samples": "tpf_samples", "preset": "tpf_preset",
+                     "image_long_side": "image_long_side"}
 
     @classmethod
     def of(cls, read: Callable[[str], Any]) -> ProbeSettings:
@@ -52,7 +54,8 @@ def probe_decode(model: Any, processor: Any, rows: list, bd: Any, settings: Prob
     from grpo.decoding.tpf import decode_rows
 
     common = dict(indices=indices, is_vlm=is_vlm, max_new_tokens=settings.max_new_tokens,
-                  batch_size=settings.batch_size, progress=False, preset=preset_named(settings.preset))
+                  batch_size=settings.batch_size, progress=False, preset=preset_named(settings.preset),
+                  image_long_side=settings.image_long_side)
     greedy = decode_rows(model, processor, rows, bd, compare_ar=compare_ar, score=True,
                          reward_settings=reward_settings, **common)
     sampled = []
@@ -96,7 +99,7 @@ def probe_settings(settings: ProbeSettings, model: Any, processor: Any, bd: Any,
     return settings_record(preset, dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
                            max_new_tokens=settings.max_new_tokens, tasks=tasks, bd_size=bd.bd_size,
                            stop_ids=preset.stop_ids(model, tokenizer_of(processor)), batch_size=settings.batch_size,
-                           conventions=TPF_CONVENTION)
+                           conventions=TPF_CONVENTION, image_long_side=settings.image_long_side)
 
 
 def drift_records(log_history: list[dict], settings: dict | None = None) -> list[dict]:

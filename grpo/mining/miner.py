@@ -28,13 +28,14 @@ from grpo.rollouts.sampling import INDEX, HfSampler, VllmSampler
 from grpo.mining.selection import PREFER, STAT_COLUMNS, RankRule, prompt_stats, select
 from grpo.mining.store import MiningError, MiningStore, check_manifest, pool_fingerprint
 from grpo.outputs import atomic_write, output_folder, set_aside, temporary
+from grpo.rollouts.image_prompts import image_long_side_field, long_side, with_long_side
 from grpo.yaml_config import Fields
 from ocr_rewards.settings import RewardFields
 
 log = logging.getLogger(__name__)
 
 SAMPLING_FIELDS = ("model", "pool", "skip_bad", "num_generations", "temperature", "max_completion_length", "seed",
-                   "shard", "hf_generate", "dtype", "gate", "table_bonus")
+                   "shard", "hf_generate", "dtype", "gate", "table_bonus", "think", "image_long_side")
 PREFER_NAMES = tuple(PREFER)
 # Old key -> new key: the names `train` uses for the same things (one deprecation line each).
 ALIASES = {"data": "pool", "out": "output_dir", "k": "num_generations", "max_tokens": "max_completion_length",
@@ -83,6 +84,7 @@ class MineConfig(RewardFields):
     dtype: str = field(default="auto", metadata=_help(
         "vLLM dtype: auto (runs a float32 checkpoint in 16 bits), float32, bfloat16, float16"))
     progress: bool = field(default=True, metadata=_help("show a progress bar"))
+    image_long_side: str = image_long_side_field()
     @property
     def rank(self) -> RankRule:
         """The ranking rule: the `prefer` preset with the overrides that are set."""
@@ -108,6 +110,10 @@ class MineConfig(RewardFields):
         if self.prefer not in PREFER:
             raise MiningError(f"prefer must be one of {', '.join(PREFER)}, got {self.prefer!r}", setting="prefer")
         self.shards  # noqa: B018 - raises for a bad shard
+        try:
+            long_side(self.image_long_side)
+        except ValueError as err:
+            raise MiningError(str(err), setting="image_long_side") from None
         try:
             self.reward_settings
         except ValueError as err:
@@ -196,7 +202,7 @@ def _mine_rows(ds, todo: list[int], sampler, cfg: MineConfig, run: MiningStore, 
     with tqdm(total=initial + len(todo), initial=initial, unit="prompt", desc="mining",
               disable=not cfg.progress) as bar:
         for start in range(0, len(todo), cfg.chunk_size):
-            rows = list(ds.select(todo[start:start + cfg.chunk_size]))
+            rows = list(with_long_side(ds.select(todo[start:start + cfg.chunk_size]), cfg.image_long_side))
             rollouts = sampler.sample(rows, cfg)
             prompts = [row["prompt"] for row in rows for _ in range(cfg.num_generations)]
             rewards = ocr_reward(prompts, [r.text for group in rollouts for r in group],

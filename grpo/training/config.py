@@ -22,6 +22,7 @@ from typing import Any, Literal
 from trl import GRPOConfig, ModelConfig
 
 from grpo.training.drafter_loss import DRAFTER_COMPLETIONS, DRAFTER_TARGETS
+from grpo.rollouts.image_prompts import image_long_side_field, long_side
 from grpo.yaml_config import ConfigError, Fields, build
 from ocr_rewards.settings import RewardFields
 
@@ -66,6 +67,7 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
         "help": "GRPO prompt pool: a save_to_disk folder, .parquet, .jsonl or a built-in split name."})
     skip_bad: bool = field(default=False, metadata={
         "help": "Leave malformed pool rows out (logged) instead of stopping before training."})
+    image_long_side: str = image_long_side_field()
     # --- rollouts ---
     rollout_decoder: str = field(default="hf", metadata={
         "help": "How rollouts are sampled when use_vllm is false: 'hf' (TRL's transformers generate) or "
@@ -152,6 +154,7 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
             raise ConfigError(f"cpu_threads must be >= 1 (or absent for torch's default), got {self.cpu_threads}")
         try:
             self.reward_settings
+            long_side(self.image_long_side)
         except ValueError as err:
             raise ConfigError(str(err)) from None
         for name, valid in (("tpf_compare_ar", COMPARE_AR), ("tpf_floor_action", TPF_FLOOR_ACTIONS),

@@ -59,6 +59,7 @@ def add_score_arguments(parser: argparse.ArgumentParser) -> None:
     from .scoring import TASKS
     from .settings import DEFAULT
     from .table import TABLE_BONUS
+    from .think import THINK_MODES
 
     parser.add_argument("--task", choices=TASKS, help="reward to apply (with --pred/--ref)")
     for name, what in (("pred", "prediction"), ("ref", "reference")):
@@ -74,6 +75,9 @@ def add_score_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"degeneration gate (default {DEFAULT.gate})")
     parser.add_argument("--table-bonus", choices=TABLE_BONUS, default=DEFAULT.table_bonus,
                         help=f"reading of the table shape bonus (default {DEFAULT.table_bonus}; docs/spec.md §4)")
+    parser.add_argument("--think", choices=THINK_MODES, default=DEFAULT.think,
+                        help=f"the prediction's closed <think> blocks: removed before scoring or kept (default "
+                             f"{DEFAULT.think}; docs/rewards.md)")
     parser.add_argument("--explain", action="store_true", help="also print the reward's components")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--workers", type=_positive, default=None, help="worker processes for --pairs (default: CPUs)")
@@ -83,7 +87,7 @@ def reward_settings(args: argparse.Namespace):
     """The `RewardSettings` of the command line."""
     from .settings import RewardSettings
 
-    return RewardSettings(gate=args.gate, table_bonus=args.table_bonus)
+    return RewardSettings(gate=args.gate, table_bonus=args.table_bonus, think=args.think)
 
 
 def _positive(text: str) -> int:
@@ -273,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--workers", type=_positive, default=None, help="worker processes (default: CPUs)")
     check.set_defaults(run=run_score, check=True, task=None, pred=None, pred_text=None, ref=None,
                        ref_text=None, gate=DEFAULT.gate,
-                       table_bonus=DEFAULT.table_bonus)
+                       table_bonus=DEFAULT.table_bonus, think=DEFAULT.think)
     return parser
 
 

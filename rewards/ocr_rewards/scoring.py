@@ -8,6 +8,7 @@ from .settings import MAX_PRED_CHARS, RewardSettings, settings_of
 from .similarity import similarity
 from .table import score_table
 from .text import score_text
+from .think import strip_think
 
 # task -> scorer(pred, ref) -> (base reward in [0, 1], components); the only list of task names
 SCORERS = {"text": score_text, "table": score_table, "formula": score_formula}
@@ -58,18 +59,32 @@ def score(pred: str, ref: str, task: str, settings: RewardSettings | None = None
     """Reward of one prediction against its reference, in [0, 1], with its components.
 
     `settings` (`ocr_rewards.settings.RewardSettings`, default its defaults) with `changes` to its fields (e.g.
-    `gate="absolute"`) say how. A prediction identical to its reference always scores 1.0 (component
-    `identical`), whatever the task; one over `max_pred_chars` scores 0 (`too_long`); a reference over
-    `MAX_REF_CHARS` by `long_reference_score`; otherwise `value = base * g`, g the degeneration gate
-    (`ocr_rewards.gate`).
+    `gate="absolute"`) say how. First the prediction's closed think blocks are removed (`ocr_rewards.think`;
+    component `think_removed` says one was), unless `think="keep"`. A prediction identical to its reference
+    always scores 1.0 (component `identical`), whatever the task; one over `max_pred_chars` scores 0
+    (`too_long`); a reference over `MAX_REF_CHARS` by `long_reference_score`; otherwise `value = base * g`,
+    g the degeneration gate (`ocr_rewards.gate`).
     `table_bonus` is the reading of the table shape bonus (`ocr_rewards.table`); a table that is not identical to
     its reference carries `saturated` (1.0 when it still scores 1.0, so its group advantage vanishes).
 
     >>> score("x^2", "x^{2}", "formula").value
     1.0
+    >>> score("<think>\\n</think>\\nHello world", "Hello world", "text").components["think_removed"]
+    1.0
     """
     check_task(task)
     settings = settings_of(settings, **changes)
+    removed = False
+    if settings.think == "strip":
+        pred, removed = strip_think(pred)
+    result = _score(pred, ref, task, settings)
+    if removed:
+        return RewardResult(result.value, {**result.components, "think_removed": 1.0}, task)
+    return result
+
+
+def _score(pred: str, ref: str, task: str, settings: RewardSettings) -> RewardResult:
+    """`score` of a prediction already rid of its think block (as `settings.think` says)."""
     if len(pred) > settings.max_pred_chars and pred != ref:
         return RewardResult(0.0, {"too_long": 1.0}, task)
     if len(ref) > MAX_REF_CHARS:

@@ -1,4 +1,5 @@
-"""`RewardSettings`: how a reward is computed (the gate, the table bonus's reading) and its limits, in one value.
+"""`RewardSettings`: how a reward is computed (the gate, the table bonus's reading, the think block) and its
+limits, in one value.
 
 Every scorer takes one (`score`, `score_many`, `OcrReward`), and so do the commands and runs built on them
 (`gravity-grpo score`, `mine`, `train` and its TPF probe). The defaults live here only.
@@ -18,6 +19,7 @@ from typing import Literal
 
 from .gate import GATES, check_gate
 from .table import TABLE_BONUS, check_table_bonus
+from .think import THINK_MODES, check_think
 
 # A prediction longer than this scores 0 without being parsed (flag `too_long`). The policy's completions
 # stop at 8,448 tokens (docs/spec.md §7), a few characters each, so only a runaway output comes near it.
@@ -27,16 +29,18 @@ TIMEOUT_S = 10.0  # per completion in a batch; a 100x10 table scores in well und
 
 @dataclass(frozen=True)
 class RewardSettings:
-    """The reading of the reward (`gate`, `table_bonus`) and its bounds (`max_pred_chars`, `timeout_s`)."""
+    """The reading of the reward (`gate`, `table_bonus`, `think`) and its bounds (`max_pred_chars`, `timeout_s`)."""
 
     gate: str = "relative"               # degeneration gate (ocr_rewards.gate): relative to the reference's
     table_bonus: str = "clipped"         # the table shape bonus inside the clip, as published (ocr_rewards.table)
+    think: str = "strip"                 # closed think blocks removed before scoring, as GravityOCR (ocr_rewards.think)
     max_pred_chars: int = MAX_PRED_CHARS  # longer predictions score 0 unparsed
     timeout_s: float = TIMEOUT_S         # per completion in a batch (ocr_rewards.trl_reward)
 
     def __post_init__(self) -> None:
         check_gate(self.gate)
         check_table_bonus(self.table_bonus)
+        check_think(self.think)
         if not self.max_pred_chars >= 1:
             raise ValueError(f"max_pred_chars must be >= 1, got {self.max_pred_chars}")
         if not self.timeout_s > 0:
@@ -60,7 +64,8 @@ def settings_of(settings: RewardSettings | None = None, **changes) -> RewardSett
 
 @dataclass(kw_only=True)  # keyword-only: a config's own fields without defaults may come after them
 class RewardFields:
-    """The reward's reading as config fields (`gate`, `table_bonus`), shared by the configs of train and mine."""
+    """The reward's reading as config fields (`gate`, `table_bonus`, `think`), shared by the configs of train and
+    mine."""
 
     table_bonus: Literal[TABLE_BONUS] = field(default=DEFAULT.table_bonus, metadata={
         "help": "Reading of the table reward's shape bonus (docs/spec.md §4): 'clipped' (inside the clip, as published) "
@@ -68,8 +73,11 @@ class RewardFields:
     gate: Literal[GATES] = field(default=DEFAULT.gate, metadata={
         "help": "Degeneration gate of the reward (ocr_rewards.gate): 'relative' (to the reference's) or 'absolute'. "
                 "The TPF probe's held-out reward keeps the published reading (ocr_rewards.settings.HELD_OUT)."})
+    think: Literal[THINK_MODES] = field(default=DEFAULT.think, metadata={
+        "help": "The completion's think block (ocr_rewards.think): 'strip' (closed <think>...</think> blocks and the "
+                "whitespace after them removed before scoring, as GravityOCR does) or 'keep' (scored as text)."})
 
     @property
     def reward_settings(self) -> RewardSettings:
         """The `RewardSettings` these fields name."""
-        return RewardSettings(gate=self.gate, table_bonus=self.table_bonus)
+        return RewardSettings(gate=self.gate, table_bonus=self.table_bonus, think=self.think)
