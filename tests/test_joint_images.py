@@ -117,3 +117,24 @@ def test_image_training_streams_equal_the_decoders_forwards(glm):
     l_ar, l_diff = joint_losses(model, batch)
     assert l_ar.isfinite() and l_diff.isfinite()
     assert int((batch["labels_diff"] != IGNORE).sum()) == sum(len(r.target_ids) + B for r in rows)
+
+
+@pytest.mark.slow
+def test_joint_trains_a_glmocr_checkpoint_on_rendered_crops(tmp_path):
+    """`train_joint` from a GLM-OCR checkpoint on a built-in split (rendered crops): a joint GLM-OCR checkpoint with
+    its processor, B from the recipe; the first N rows only; a negative N refused."""
+    from helpers_models import build_vllm_glmocr
+
+    from grpo.checkpoint import load_checkpoint
+    from grpo.joint.train import load_config, train_joint
+    from grpo.yaml_config import ConfigError
+
+    init = build_vllm_glmocr(tmp_path / "init")
+    cfg = load_config(None, model=str(init), output_dir=str(tmp_path / "out"), pool="tiny-probe", pool_rows=3,
+                      bd_size=4, ar_steps=1, joint_steps=2, batch_size=2, warmup_steps=1, cpu_threads=1)
+    out = train_joint(cfg, progress=False)
+    ckpt = load_checkpoint(out, need_drafter=True)
+    assert ckpt.is_vlm and ckpt.bd.bd_size == 4 and hasattr(ckpt.processor, "image_processor")
+    assert ckpt.bd.mask_id == load_checkpoint(init, need_drafter=True).bd.mask_id
+    with pytest.raises(ConfigError, match="pool_rows must be >= 0"):
+        load_config(None, pool_rows=-1)
