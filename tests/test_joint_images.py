@@ -138,3 +138,22 @@ def test_joint_trains_a_glmocr_checkpoint_on_rendered_crops(tmp_path):
     assert ckpt.bd.mask_id == load_checkpoint(init, need_drafter=True).bd.mask_id
     with pytest.raises(ConfigError, match="pool_rows must be >= 0"):
         load_config(None, pool_rows=-1)
+    with pytest.raises(ConfigError, match="targets must be 'pool' or 'greedy', got 'sampled'"):
+        load_config(None, targets="sampled")
+
+
+def test_greedy_targets_are_the_models_own_ar_outputs(glm):
+    """`targets: greedy`: per row the AR greedy output without its stop token, None where it reaches the cap."""
+    from grpo.decoding.kv_session import stop_token_ids
+    from grpo.decoding.selfspec import ar_generate
+    from grpo.joint.distill import greedy_targets
+    from grpo.prompting import encode_prompt
+
+    ckpt, processor, _, raw = glm
+    stops = stop_token_ids(ckpt.model, processor.tokenizer)
+    for cap in (3, 40):
+        targets = greedy_targets(ckpt.model, processor, raw, True, max_tokens=cap)
+        for target, row in zip(targets, raw):
+            ar = ar_generate(ckpt.model, encode_prompt(processor, row, is_vlm=True), stops, cap + 1).tokens
+            assert target == (ar[:-1] if ar[-1] in stops else None)
+    assert any(t is None for t in greedy_targets(ckpt.model, processor, raw, True, max_tokens=1))

@@ -24,16 +24,18 @@ class ImageRow:
     images: dict[str, torch.Tensor]
 
 
-def encode_image_rows(rows, model, processor, max_target_tokens: int) -> list[ImageRow]:
-    """`ImageRow` per row whose target has at most `max_target_tokens` tokens; a row without an image raises."""
+def encode_image_rows(rows, model, processor, max_target_tokens: int,
+                      targets: list[list[int] | None] | None = None) -> list[ImageRow]:
+    """`ImageRow` per row whose target has at most `max_target_tokens` tokens; a row without an image raises.
+    `targets` (ids per row, None: leave the row out) replace the rows' own."""
     from grpo.prompting import encode_prompt
 
     tokenizer = processor.tokenizer
     rope = model.base_model
     encoded = []
-    for row in rows:
-        target = tokenizer(row["target"], add_special_tokens=False).input_ids
-        if len(target) > max_target_tokens:
+    for index, row in enumerate(rows):
+        target = tokenizer(row["target"], add_special_tokens=False).input_ids if targets is None else targets[index]
+        if target is None or len(target) > max_target_tokens:
             continue
         inputs = encode_prompt(processor, row, is_vlm=True)
         with torch.no_grad():

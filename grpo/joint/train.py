@@ -37,6 +37,9 @@ class JointConfig:
     pool: str = field(default="tiny-train", metadata={
         "help": "training rows: a built-in split (rendered as crops for a GLM-OCR model) or a pool path"})
     pool_rows: int = field(default=0, metadata={"help": "train on the pool's first N rows (0: all)"})
+    targets: str = field(default="pool", metadata={
+        "help": "'pool': the rows' targets; 'greedy': the start model's own AR greedy outputs (self-distillation: "
+                "the drafter learns what the verifier writes; grpo/joint/distill.py)"})
     bd_size: int = field(default=16, metadata={"help": "block size B (drafting window)"})
     ar_loss_weight: float = field(default=1.0, metadata={"help": "w in (L_diff + w L_AR) / (1 + w)"})
     ar_steps: int = field(default=0, metadata={"help": "AR-only warm-up steps before the joint stage"})
@@ -66,6 +69,8 @@ class JointConfig:
     max_position_embeddings: int = 2048
 
     def __post_init__(self) -> None:
+        if self.targets not in ("pool", "greedy"):
+            raise ConfigError(f"targets must be 'pool' or 'greedy', got {self.targets!r}")
         if self.pool_rows < 0:
             raise ConfigError(f"pool_rows must be >= 0, got {self.pool_rows}")
         for name in ("bd_size", "batch_size", "cpu_threads"):
@@ -149,11 +154,14 @@ def load_start(cfg: JointConfig):
     return model, tokenizer, add_mask_token(model, tokenizer)
 
 
-def tokenize_rows(rows, tokenizer, max_target_tokens: int) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids with the tokenizer's default special tokens, target ids without) per row."""
+def tokenize_rows(rows, tokenizer, max_target_tokens: int,
+                  targets: list[list[int] | None] | None = None) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids with the tokenizer's default special tokens, target ids without) per row; `targets` (ids per
+    row, None: leave the row out) replace the rows' own."""
     prompts = tokenizer(list(rows["prompt"])).input_ids
-    targets = tokenizer(list(rows["target"]), add_special_tokens=False).input_ids
-    pairs = [(p, t) for p, t in zip(prompts, targets) if len(t) <= max_target_tokens]
+    if targets is None:
+        targets = tokenizer(list(rows["target"]), add_special_tokens=False).input_ids
+    pairs = [(p, t) for p, t in zip(prompts, targets) if t is not None and len(t) <= max_target_tokens]
     if not pairs:
         raise ValueError(f"no training row has a target of <= {max_target_tokens} tokens")
     return pairs
@@ -202,6 +210,7 @@ def train_joint(cfg: JointConfig, progress: bool = True) -> Path:
     from tqdm.auto import tqdm
 
     from grpo.checkpoint import is_vlm, tokenizer_of
+    from grpo.joint.distill import greedy_targets
     from grpo.joint.images import encode_image_rows
 
     torch.set_num_threads(cfg.cpu_threads)
@@ -210,11 +219,16 @@ def train_joint(cfg: JointConfig, progress: bool = True) -> Path:
     model.config._attn_implementation = "sdpa"
     images = is_vlm(model.config)
     rows = _training_rows(cfg.pool, cfg.pool_rows, images)
+    targets = None
+    if cfg.targets == "greedy":
+        targets = greedy_targets(model, processor, rows, images, cfg.max_target_tokens)
+        logger.info("greedy targets: %d of %d rows stop within %d tokens", sum(t is not None for t in targets),
+                    len(targets), cfg.max_target_tokens)
     if images:
         pairs = [(row.prompt_ids, row.target_ids, row) for row in
-                 encode_image_rows(rows, model, processor, cfg.max_target_tokens)]
+                 encode_image_rows(rows, model, processor, cfg.max_target_tokens, targets)]
     else:
-        pairs = [(*pair, None) for pair in tokenize_rows(rows, tokenizer, cfg.max_target_tokens)]
+        pairs = [(*pair, None) for pair in tokenize_rows(rows, tokenizer, cfg.max_target_tokens, targets)]
     n_params = sum(p.numel() for p in model.parameters())
     logger.info("joint training: %d params, %d rows, B=%d, mask id %d", n_params, len(pairs), cfg.bd_size, mask_id)
     rng = random.Random(cfg.seed)
