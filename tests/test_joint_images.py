@@ -157,3 +157,13 @@ def test_greedy_targets_are_the_models_own_ar_outputs(glm):
             ar = ar_generate(ckpt.model, encode_prompt(processor, row, is_vlm=True), stops, cap + 1).tokens
             assert target == (ar[:-1] if ar[-1] in stops else None)
     assert any(t is None for t in greedy_targets(ckpt.model, processor, raw, True, max_tokens=1))
+
+
+def test_a_training_row_without_an_image_is_refused_by_its_index(glm):
+    from grpo.joint.images import encode_image_rows
+    from grpo.pool import PoolError
+
+    ckpt, processor, _, raw = glm
+    rows = [raw[0], {"prompt": "Text Recognition:", "target": "north"}]
+    with pytest.raises(PoolError, match=r"prompt pool crops.jsonl: row 1: pool row has no 'image' field"):
+        encode_image_rows(rows, ckpt.model, processor, max_target_tokens=64, pool="crops.jsonl")

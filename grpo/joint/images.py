@@ -25,9 +25,11 @@ class ImageRow:
 
 
 def encode_image_rows(rows, model, processor, max_target_tokens: int,
-                      targets: list[list[int] | None] | None = None) -> list[ImageRow]:
-    """`ImageRow` per row whose target has at most `max_target_tokens` tokens; a row without an image raises.
+                      targets: list[list[int] | None] | None = None, pool: str = "training rows") -> list[ImageRow]:
+    """`ImageRow` per row whose target has at most `max_target_tokens` tokens; a row without a readable image
+    raises `PoolError` naming `pool` and the row.
     `targets` (ids per row, None: leave the row out) replace the rows' own."""
+    from grpo.pool import PoolError
     from grpo.prompting import encode_prompt
 
     tokenizer = processor.tokenizer
@@ -37,7 +39,10 @@ def encode_image_rows(rows, model, processor, max_target_tokens: int,
         target = tokenizer(row["target"], add_special_tokens=False).input_ids if targets is None else targets[index]
         if target is None or len(target) > max_target_tokens:
             continue
-        inputs = encode_prompt(processor, row, is_vlm=True)
+        try:
+            inputs = encode_prompt(processor, row, is_vlm=True)
+        except ValueError as err:
+            raise PoolError(pool, f"row {index}: {err}") from err
         with torch.no_grad():
             positions, _ = rope.get_rope_index(inputs["input_ids"], mm_token_type_ids=inputs["mm_token_type_ids"],
                                                image_grid_thw=inputs["image_grid_thw"])

@@ -226,7 +226,7 @@ def train_joint(cfg: JointConfig, progress: bool = True) -> Path:
                     len(targets), cfg.max_target_tokens)
     if images:
         pairs = [(row.prompt_ids, row.target_ids, row) for row in
-                 encode_image_rows(rows, model, processor, cfg.max_target_tokens, targets)]
+                 encode_image_rows(rows, model, processor, cfg.max_target_tokens, targets, cfg.pool)]
     else:
         pairs = [(*pair, None) for pair in tokenize_rows(rows, tokenizer, cfg.max_target_tokens, targets)]
     n_params = sum(p.numel() for p in model.parameters())
