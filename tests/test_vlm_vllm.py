@@ -205,9 +205,9 @@ def test_grpo_run_with_vllm_images_and_its_checkpoint(tmp_path):
     assert not (checkpoint / "preprocessor_config.json").exists()  # transformers 5's layout
     reloaded = load_checkpoint(checkpoint, need_drafter=True)
     assert type(reloaded.processor).__name__ == "Glm46VProcessor"
-    assert main(["tpf", "--model", str(checkpoint), "--data", config.probe_set, "--max-new-tokens", "8",
+    assert main(["tpf", "--model", str(checkpoint), "--data", config.probe_set, "--max-new-tokens", "16",
                  "--out", str(tmp_path / "tpf.json")]) == 0
     assert json.loads((tmp_path / "tpf.json").read_text())["n"] == config.probe_size
-    assert main(["tpf-drift", str(out), "--max-new-tokens", "8"]) == 0
+    assert main(["tpf-drift", str(out), "--max-new-tokens", "16"]) == 0  # B = 16
     records = [json.loads(line) for line in (out / "tpf_drift_checkpoints.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 2]
