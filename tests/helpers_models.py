@@ -32,15 +32,21 @@ GLM_SPECIAL_TOKENS = (
     "<|code_middle|>", "<|code_suffix|>", "<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
     "</tool_response>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "/nothink", "<|begin_of_box|>",
     "<|end_of_box|>", "<|image|>", "<|video|>")
+# Of those, the ones GLM-OCR's tokenizer does not mark special (`skip_special_tokens` keeps them in decoded text).
+GLM_PLAIN_TOKENS = frozenset({"<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
+                              "</tool_response>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
+                              "<|image|>"})
 # GLM-OCR's chat template (GLM-4.6V family): `[gMASK]<sop>`, `<|user|>` then the image as
-# `<|begin_of_image|><|image|><|end_of_image|>` and the task prompt, then `<|assistant|>`.
+# `<|begin_of_image|><|image|><|end_of_image|>` and the task prompt, then `<|assistant|>` and a newline.
 GLM_CHAT_TEMPLATE = (Path(__file__).parent / "glm_ocr_chat_template.jinja").read_text()
 CHARS = string.ascii_letters + string.digits + string.punctuation + " \n"
 
 
-def build_char_tokenizer(out_dir: Path, extra_special: tuple[str, ...] = ()):
-    """A character-level fast tokenizer (no BOS), saved to `out_dir` and reloaded with AutoTokenizer."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+def build_char_tokenizer(out_dir: Path, extra_special: tuple[str, ...] = (), plain: frozenset = frozenset()):
+    """A character-level fast tokenizer (no BOS), saved to `out_dir` and reloaded with AutoTokenizer.
+
+    `extra_special` are added tokens, marked special except those in `plain`."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     specials = [EOS, "<unk>", *extra_special]
@@ -49,8 +55,9 @@ def build_char_tokenizer(out_dir: Path, extra_special: tuple[str, ...] = ()):
     core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     core.decoder = decoders.Fuse()
     tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token=EOS, unk_token="<unk>", pad_token=EOS)
-    if extra_special:
-        tok.add_tokens(list(extra_special), special_tokens=True)
+    for token in extra_special:
+        tok.add_tokens([AddedToken(token, special=token not in plain, normalized=False)],
+                       special_tokens=token not in plain)
     tok.save_pretrained(out_dir)
     return AutoTokenizer.from_pretrained(out_dir)
 
@@ -78,7 +85,8 @@ def build_glmocr_checkpoint(out_dir: Path, bd_size: int = 8, seed: int = 0, init
                             head_dim: int = 16, temporal_patch_size: int = 1, patch_size: int = 2,
                             intermediate_size: int = 128, head_std: float | None = None) -> Path:
     """Random tiny GlmOcrForConditionalGeneration + tokenizer with GLM-OCR's special tokens + `<|mask|>`, joint
-    format.
+    format. The vocabulary is built at its final size (`<|mask|>` included, its embedding and output rows zero),
+    so no embedding resize draws rows: the weights are the same on any CPU.
     For vLLM: `head_dim` 32, 64 or 80 (its CPU attention's sizes; 32 or more for CUDA) and
     `temporal_patch_size` 2 (vLLM's GLM-4.1V code sizes images with two frames, as the real GLM-OCR has) and
     `intermediate_size` 192 (vLLM sizes the vision merger's MLP by the text MLP width, HF by 3 x the vision
@@ -87,8 +95,11 @@ def build_glmocr_checkpoint(out_dir: Path, bd_size: int = 8, seed: int = 0, init
     trained GLM-OCR, the image tokens get almost no probability (logit 0 among logits of std ~8 x head_std)."""
     from transformers import GlmOcrConfig, GlmOcrForConditionalGeneration
 
+    from grpo.checkpoint import MASK_TOKEN
+
     out_dir = Path(out_dir)
-    tok = build_char_tokenizer(out_dir / "_tokenizer", extra_special=GLM_SPECIAL_TOKENS)
+    tok = build_char_tokenizer(out_dir / "_tokenizer", extra_special=(*GLM_SPECIAL_TOKENS, MASK_TOKEN),
+                               plain=GLM_PLAIN_TOKENS)
     ids = dict(zip(IMAGE_TOKENS, tok.convert_tokens_to_ids(list(IMAGE_TOKENS))))
     torch.manual_seed(seed)
     mrope_section = [head_dim // 8, 3 * head_dim // 16, head_dim // 2 - head_dim // 8 - 3 * head_dim // 16]
@@ -107,10 +118,13 @@ def build_glmocr_checkpoint(out_dir: Path, bd_size: int = 8, seed: int = 0, init
         video_start_token_id=ids["<|begin_of_video|>"], video_end_token_id=ids["<|end_of_video|>"],
         tie_word_embeddings=False, initializer_range=init_std)
     model = GlmOcrForConditionalGeneration(config).eval()
-    if head_std is not None:
-        with torch.no_grad():
+    mask_id = tok.convert_tokens_to_ids(MASK_TOKEN)
+    with torch.no_grad():
+        if head_std is not None:
             model.lm_head.weight.normal_(0.0, head_std)
             model.lm_head.weight[list(ids.values())] = 0.0
+        model.get_input_embeddings().weight[mask_id] = 0.0
+        model.lm_head.weight[mask_id] = 0.0
     return _save_joint(model, tok, out_dir, bd_size)
 
 
@@ -164,14 +178,15 @@ def build_vllm_glmocr(out_dir: Path, max_pixels: int = 1024, **kwargs) -> Path:
 
 
 def build_tiny_vlm(root: Path, pool_rows: int = 24, probe_rows: int = 6) -> Path:
-    """The committed tiny VLM recipe data (data/tiny/vlm, configs/tiny_vlm_cpu.yaml): `model/`
-    (`build_vllm_glmocr`), and `pool/` and `probe/`, rendered crops (data/render.py) of the first rows of the
-    built-in splits `tiny` and `tiny-probe`, saved with `save_to_disk`. Rebuild:
+    """The committed tiny VLM recipe data (data/tiny/vlm, configs/tiny_vlm_cpu.yaml): `model-init/`
+    (`build_vllm_glmocr`; `gravity-grpo joint --config configs/joint_tiny_vlm.yaml` trains it into `model/`), and
+    `pool/` and `probe/`, rendered crops (grpo/synthetic/render.py) of the first rows of the built-in splits `tiny`
+    and `tiny-probe`, saved with `save_to_disk`. Rebuild:
     `PYTHONPATH=tests python -c "from helpers_models import build_tiny_vlm; build_tiny_vlm('data/tiny/vlm')"`."""
     from grpo.synthetic.render import build_image_split
 
     root = Path(root)
-    build_vllm_glmocr(root / "model")
+    build_vllm_glmocr(root / "model-init")
     build_image_split("tiny", pool_rows).save_to_disk(str(root / "pool"))
     build_image_split("tiny-probe", probe_rows).save_to_disk(str(root / "probe"))
     return root

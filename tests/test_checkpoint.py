@@ -42,7 +42,8 @@ def test_glmocr_checkpoint_loads_as_vlm(tmp_path):
     ckpt = load_checkpoint(build_glmocr_checkpoint(tmp_path, bd_size=4), need_drafter=True, dtype=torch.float32)
     assert ckpt.is_vlm and type(ckpt.model).__name__ == "GlmOcrForConditionalGeneration"
     assert ckpt.bd.bd_size == 4
-    assert ckpt.model.get_output_embeddings().weight.shape[0] == ckpt.bd.mask_id + 1
+    assert ckpt.bd.mask_id == ckpt.processor.convert_tokens_to_ids("<|mask|>")
+    assert ckpt.bd.mask_id < ckpt.model.get_output_embeddings().weight.shape[0] == len(ckpt.processor)
 
 
 def test_missing_block_diffusion_json(copy_of):

@@ -146,23 +146,34 @@ def test_prompt_ids_and_mm_token_type_ids_agree_or_are_refused(tmp_path, templat
 
 
 def test_committed_tiny_vlm_speaks_glm_ocrs_template(tmp_path):
-    """data/tiny/vlm/model: GLM-OCR's chat template and special tokens, one token each; TRL's two tokenizations
-    agree on it; a tokenizer that also adds `[gMASK]<sop>` on plain text is refused with the fix."""
+    """data/tiny/vlm/model: GLM-OCR's chat template (the generation prompt ends `<|assistant|>` and a newline) and
+    added tokens, one token each, special where GLM-OCR's tokenizer marks them (`<think>`, `<|image|>` and the tool
+    tags are not); TRL's two tokenizations agree on it; a tokenizer that also adds `[gMASK]<sop>` on plain text is
+    refused with the fix."""
     from tokenizers import processors
 
     from grpo.checkpoint import TINY_MODEL, load_checkpoint
     from grpo.prompting import user_turn
     from grpo.rollouts.image_prompts import PromptAlignmentError, check_prompt_alignment
-    from helpers_models import GLM_CHAT_TEMPLATE, random_image
+    from helpers_models import GLM_CHAT_TEMPLATE, GLM_PLAIN_TOKENS, random_image
 
     processor = load_checkpoint(TINY_MODEL.parent / "vlm" / "model").processor
     tok = processor.tokenizer
     assert processor.chat_template == GLM_CHAT_TEMPLATE
     assert all(len(tok(t, add_special_tokens=False)["input_ids"]) == 1 for t in GLM_SPECIAL_TOKENS)
+    special = {t.content: t.special for t in tok.added_tokens_decoder.values()}
+    assert {t for t in GLM_SPECIAL_TOKENS if not special[t]} == GLM_PLAIN_TOKENS == {
+        "<think>", "</think>", "<|image|>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
+        "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"}
+    think = tok("<think>\n</think>\nHi", add_special_tokens=False)["input_ids"]
+    assert tok.decode(think + [tok.eos_token_id], skip_special_tokens=True) == "<think>\n</think>\nHi"
     image = random_image(torch.Generator().manual_seed(0), 16, 16)
     text = processor.apply_chat_template([user_turn("Text Recognition:", image)], add_generation_prompt=True,
                                          tokenize=False)
-    assert text == ["[gMASK]<sop><|user|>\n<|begin_of_image|><|image|><|end_of_image|>Text Recognition:<|assistant|>"]
+    assert text == ["[gMASK]<sop><|user|>\n<|begin_of_image|><|image|><|end_of_image|>Text Recognition:<|assistant|>\n"]
+    ids = processor.apply_chat_template([user_turn("Text Recognition:", image)], add_generation_prompt=True,
+                                        tokenize=True)[0]
+    assert tok.convert_ids_to_tokens(ids[-2:]) == ["<|assistant|>", "\n"]
     row = {"prompt": user_turn("Text Recognition:"), "image": image}
     check_prompt_alignment(processor, row)
 

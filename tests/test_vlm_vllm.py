@@ -87,16 +87,35 @@ def _perturbed(model, seed: int):
     return other
 
 
+def _without_dtype(config):
+    """A config without its `dtype` entries (a model loaded with a dtype writes it into its sub-configs too)."""
+    if isinstance(config, dict):
+        return {k: _without_dtype(v) for k, v in config.items() if k != "dtype"}
+    return config
+
+
 def test_committed_tiny_vlm_is_what_the_builder_makes(tmp_path):
+    """The committed init is the builder's, bit for bit: the builder makes the vocabulary at its final size, so
+    its weights come from element-wise draws only (no embedding resize, whose mean-resizing draw from the rows'
+    covariance differed in the last bits between CPUs). The committed model is that init after
+    configs/joint_tiny_vlm.yaml: the same config, tokenizer and processor, other weights, B = 16."""
     from safetensors.torch import load_file
 
-    from helpers_models import build_vllm_glmocr
+    from helpers_models import GLM_CHAT_TEMPLATE, build_vllm_glmocr
 
     fresh = build_vllm_glmocr(tmp_path / "model")
-    for name in ("config.json", "processor_config.json", "block_diffusion.json"):
-        assert json.loads((fresh / name).read_text()) == json.loads((TINY_VLM / "model" / name).read_text())
-    old, new = load_file(TINY_VLM / "model" / "model.safetensors"), load_file(fresh / "model.safetensors")
+    for name in ("config.json", "processor_config.json", "tokenizer.json", "tokenizer_config.json",
+                 "chat_template.jinja", "block_diffusion.json"):
+        assert (fresh / name).read_text() == (TINY_VLM / "model-init" / name).read_text(), name
+    old, new = load_file(TINY_VLM / "model-init" / "model.safetensors"), load_file(fresh / "model.safetensors")
     assert old.keys() == new.keys() and all(torch.equal(old[k], new[k]) for k in old)
+    for name in ("config.json", "processor_config.json", "tokenizer.json"):
+        assert _without_dtype(json.loads((TINY_VLM / "model" / name).read_text())) == \
+            _without_dtype(json.loads((TINY_VLM / "model-init" / name).read_text())), name
+    assert (TINY_VLM / "model" / "chat_template.jinja").read_text() == GLM_CHAT_TEMPLATE
+    trained = load_file(TINY_VLM / "model" / "model.safetensors")
+    assert trained.keys() == old.keys() and not torch.equal(trained["lm_head.weight"], old["lm_head.weight"])
+    assert json.loads((TINY_VLM / "model" / "block_diffusion.json").read_text())["bd_size"] == 16
 
 
 def test_engine_image_logprobs_equal_hf_before_and_after_a_sync(llm, hf, rows):
@@ -186,9 +205,9 @@ def test_grpo_run_with_vllm_images_and_its_checkpoint(tmp_path):
     assert not (checkpoint / "preprocessor_config.json").exists()  # transformers 5's layout
     reloaded = load_checkpoint(checkpoint, need_drafter=True)
     assert type(reloaded.processor).__name__ == "Glm46VProcessor"
-    assert main(["tpf", "--model", str(checkpoint), "--data", config.probe_set, "--max-new-tokens", "8",
+    assert main(["tpf", "--model", str(checkpoint), "--data", config.probe_set, "--max-new-tokens", "16",
                  "--out", str(tmp_path / "tpf.json")]) == 0
     assert json.loads((tmp_path / "tpf.json").read_text())["n"] == config.probe_size
-    assert main(["tpf-drift", str(out), "--max-new-tokens", "8"]) == 0
+    assert main(["tpf-drift", str(out), "--max-new-tokens", "16"]) == 0  # B = 16
     records = [json.loads(line) for line in (out / "tpf_drift_checkpoints.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 2]

@@ -49,24 +49,37 @@ def joint_layout(prompt_len: int, resp_len: int, bd_size: int) -> torch.Tensor:
     return allow
 
 
+def _positions(prompt_positions: torch.Tensor | None, P: int, R: int, copies: int) -> torch.Tensor:
+    """The prompt's positions, then `copies` times the response's: 1-D (P + copies R,) for a text prompt; for an
+    image prompt its 3-D M-RoPE positions (3, P), and the response on all three axes after the largest of them."""
+    if prompt_positions is None:
+        return torch.cat([torch.arange(P), *[torch.arange(P, P + R)] * copies])
+    start = int(prompt_positions.max()) + 1
+    response = torch.arange(start, start + R).expand(3, R)
+    return torch.cat([prompt_positions, *[response] * copies], dim=1)
+
+
 def build_example(prompt_ids: list[int], target_ids: list[int], *, bd_size: int, mask_id: int, eos_id: int,
-                  gen: torch.Generator, ar_only: bool = False) -> dict[str, torch.Tensor]:
+                  gen: torch.Generator, ar_only: bool = False,
+                  prompt_positions: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """One example's tokens, positions, (T, T) allow-matrix and AR / diffusion labels (IGNORE elsewhere).
 
     AR-only: `[prompt | target EOS]` under causal attention. Joint: the four-segment layout of `joint_layout`.
+    `prompt_positions` (3, P): an image prompt's M-RoPE positions (`grpo.joint.images`); positions are then 3-D.
     """
     P = len(prompt_ids)
     if P == 0:
         raise ValueError("empty prompt: the first response token is predicted from the last prompt token")
+    if prompt_positions is not None and prompt_positions.shape != (3, P):
+        raise ValueError(f"prompt_positions must have shape (3, {P}), got {tuple(prompt_positions.shape)}")
     response = _response(target_ids, eos_id, 1 if ar_only else bd_size)
     R, N = len(response), len(target_ids)
     resp = torch.tensor(response)
-    positions = torch.arange(P, P + R)
     ar_labels = torch.full((P + R,), IGNORE)
     ar_labels[P - 1: P + N] = resp[: N + 1]  # logits at P-1+k predict response[k]; only the first EOS counts
     if ar_only:
         ids = torch.cat([torch.tensor(prompt_ids), resp])
-        return {"input_ids": ids, "position_ids": torch.arange(P + R), "labels_ar": ar_labels,
+        return {"input_ids": ids, "position_ids": _positions(prompt_positions, P, R, 1), "labels_ar": ar_labels,
                 "labels_diff": torch.full((P + R,), IGNORE),
                 "allow": torch.tril(torch.ones(P + R, P + R, dtype=torch.bool))}
     masked1 = complementary_masks(R, bd_size, gen)
@@ -80,23 +93,34 @@ def build_example(prompt_ids: list[int], target_ids: list[int], *, bd_size: int,
         if masked[0]:  # token 0 is read from the last prompt token, as a0 is read from x0 at inference
             diff_labels[P - 1] = resp[0]
     ids = torch.cat([torch.tensor(prompt_ids), resp, *streams])
-    return {"input_ids": ids, "position_ids": torch.cat([torch.arange(P), positions, positions, positions]),
+    return {"input_ids": ids, "position_ids": _positions(prompt_positions, P, R, 3),
             "labels_ar": torch.cat([ar_labels, torch.full((2 * R,), IGNORE)]), "labels_diff": diff_labels,
             "allow": joint_layout(P, R, bd_size)}
 
 
+IMAGE_INPUTS = ("pixel_values", "image_grid_thw")  # an image example's processor outputs, one image each
+
+
 def collate(examples: list[dict[str, torch.Tensor]], pad_id: int, dtype: torch.dtype = torch.float32) -> dict:
-    """Right-pad to one length; the (b, 1, T, T) float additive mask (0 allowed, dtype-min blocked)."""
+    """Right-pad to one length; the (b, 1, T, T) float additive mask (0 allowed, dtype-min blocked).
+
+    Image examples (3-D positions and `IMAGE_INPUTS`) give (3, b, T) positions and their images concatenated
+    in batch order, as GLM-OCR's forward takes them."""
     T = max(len(e["input_ids"]) for e in examples)
     b = len(examples)
-    batch = {"input_ids": torch.full((b, T), pad_id), "position_ids": torch.zeros(b, T, dtype=torch.long),
+    axes = examples[0]["position_ids"].shape[:-1]  # () text, (3,) M-RoPE
+    batch = {"input_ids": torch.full((b, T), pad_id), "position_ids": torch.zeros(*axes, b, T, dtype=torch.long),
              "labels_ar": torch.full((b, T), IGNORE), "labels_diff": torch.full((b, T), IGNORE)}
     allow = torch.eye(T, dtype=torch.bool).repeat(b, 1, 1)  # padding rows see themselves (no NaN rows)
     for i, e in enumerate(examples):
         n = len(e["input_ids"])
-        for key in ("input_ids", "position_ids", "labels_ar", "labels_diff"):
+        for key in ("input_ids", "labels_ar", "labels_diff"):
             batch[key][i, :n] = e[key]
+        batch["position_ids"][..., i, :n] = e["position_ids"]
         allow[i, :n, :n] = e["allow"]
+    for key in IMAGE_INPUTS:
+        if key in examples[0]:
+            batch[key] = torch.cat([e[key] for e in examples])
     mask = torch.zeros(b, 1, T, T, dtype=dtype)
     mask.masked_fill_(~allow[:, None], torch.finfo(dtype).min)
     batch["attention_mask"] = mask
@@ -109,8 +133,9 @@ def joint_losses(model, batch: dict, relabel=None) -> tuple[torch.Tensor | None,
     `relabel(hidden, head) -> labels_diff`, if given, replaces the diffusion targets after the forward (the
     drafter loss during GRPO reads greedy targets off the clean stream's logits; `grpo.training.drafter_loss`).
     """
+    images = {key: batch[key] for key in IMAGE_INPUTS if key in batch}
     hidden = model.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                              position_ids=batch["position_ids"]).last_hidden_state  # (b, T, d)
+                              position_ids=batch["position_ids"], **images).last_hidden_state  # (b, T, d)
     head = model.get_output_embeddings()
     if relabel is not None:
         batch = {**batch, "labels_diff": relabel(hidden, head)}

@@ -34,7 +34,12 @@ class JointConfig:
     output_dir: str = field(default="data/tiny/model", metadata={"help": "where the final checkpoint goes"})
     model: str | None = field(default=None, metadata={
         "help": "plain AR (or joint) checkpoint folder to start from; None builds the tiny model from scratch"})
-    pool: str = field(default="tiny-train", metadata={"help": "training rows: a built-in split or a pool path"})
+    pool: str = field(default="tiny-train", metadata={
+        "help": "training rows: a built-in split (rendered as crops for a GLM-OCR model) or a pool path"})
+    pool_rows: int = field(default=0, metadata={"help": "train on the pool's first N rows (0: all)"})
+    targets: str = field(default="pool", metadata={
+        "help": "'pool': the rows' targets; 'greedy': the start model's own AR greedy outputs (self-distillation: "
+                "the drafter learns what the verifier writes; grpo/joint/distill.py)"})
     bd_size: int = field(default=16, metadata={"help": "block size B (drafting window)"})
     ar_loss_weight: float = field(default=1.0, metadata={"help": "w in (L_diff + w L_AR) / (1 + w)"})
     ar_steps: int = field(default=0, metadata={"help": "AR-only warm-up steps before the joint stage"})
@@ -64,6 +69,10 @@ class JointConfig:
     max_position_embeddings: int = 2048
 
     def __post_init__(self) -> None:
+        if self.targets not in ("pool", "greedy"):
+            raise ConfigError(f"targets must be 'pool' or 'greedy', got {self.targets!r}")
+        if self.pool_rows < 0:
+            raise ConfigError(f"pool_rows must be >= 0, got {self.pool_rows}")
         for name in ("bd_size", "batch_size", "cpu_threads"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -123,9 +132,13 @@ def build_tiny_model(cfg: JointConfig, tokenizer):
 
 
 def load_start(cfg: JointConfig):
-    """(model, tokenizer, mask_id): from `cfg.model` (adds `<|mask|>` if absent) or the tiny model from scratch."""
-    from grpo.checkpoint import add_mask_token
+    """(model, tokenizer or GLM-OCR processor, mask_id): from `cfg.model` (adds `<|mask|>` if absent) or the tiny
+    model from scratch."""
+    from grpo.checkpoint import add_mask_token, is_vlm_checkpoint, load_checkpoint
 
+    if cfg.model and is_vlm_checkpoint(cfg.model):
+        ckpt = load_checkpoint(cfg.model)
+        return ckpt.model, ckpt.processor, add_mask_token(ckpt.model, ckpt.processor)
     if cfg.model:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -141,23 +154,32 @@ def load_start(cfg: JointConfig):
     return model, tokenizer, add_mask_token(model, tokenizer)
 
 
-def tokenize_rows(rows, tokenizer, max_target_tokens: int) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids with the tokenizer's default special tokens, target ids without) per row."""
+def tokenize_rows(rows, tokenizer, max_target_tokens: int,
+                  targets: list[list[int] | None] | None = None) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids with the tokenizer's default special tokens, target ids without) per row; `targets` (ids per
+    row, None: leave the row out) replace the rows' own."""
     prompts = tokenizer(list(rows["prompt"])).input_ids
-    targets = tokenizer(list(rows["target"]), add_special_tokens=False).input_ids
-    pairs = [(p, t) for p, t in zip(prompts, targets) if len(t) <= max_target_tokens]
+    if targets is None:
+        targets = tokenizer(list(rows["target"]), add_special_tokens=False).input_ids
+    pairs = [(p, t) for p, t in zip(prompts, targets) if t is not None and len(t) <= max_target_tokens]
     if not pairs:
         raise ValueError(f"no training row has a target of <= {max_target_tokens} tokens")
     return pairs
 
 
-def _training_rows(spec: str):
+def _training_rows(spec: str, n: int, images: bool):
+    """The first `n` rows (0: all) of a built-in split (rendered crops if `images`) or a pool path."""
     from grpo.synthetic.splits import build_split, is_builtin
     if is_builtin(spec):
-        return build_split(spec)
+        if images:
+            from grpo.synthetic.render import build_image_split
+
+            return build_image_split(spec, n or None)
+        return build_split(spec, n or None)
     from grpo.pool import load_pool
 
-    return load_pool(spec)
+    rows = load_pool(spec)
+    return rows.select(range(min(n, len(rows)))) if n else rows
 
 
 def _lr_factor(step: int, total: int, warmup: int, min_ratio: float) -> float:
@@ -165,6 +187,15 @@ def _lr_factor(step: int, total: int, warmup: int, min_ratio: float) -> float:
         return (step + 1) / warmup
     progress = (step - warmup) / max(1, total - warmup)
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def _example(prompt_ids, target_ids, image_row, cfg: JointConfig, mask_id: int, eos_id: int,
+             gen: torch.Generator, ar_only: bool) -> dict:
+    """`build_example` of one pair; an image row adds its M-RoPE positions and image inputs."""
+    positions = image_row.positions if image_row is not None else None
+    example = build_example(prompt_ids, target_ids, bd_size=cfg.bd_size, mask_id=mask_id, eos_id=eos_id, gen=gen,
+                            ar_only=ar_only, prompt_positions=positions)
+    return example if image_row is None else {**example, **image_row.images}
 
 
 def save(model, tokenizer, out_dir: str | Path, cfg: JointConfig) -> Path:
@@ -178,10 +209,26 @@ def train_joint(cfg: JointConfig, progress: bool = True) -> Path:
     """Run the AR warm-up (if any) then the joint stage; save the final checkpoint to `cfg.output_dir`."""
     from tqdm.auto import tqdm
 
+    from grpo.checkpoint import is_vlm, tokenizer_of
+    from grpo.joint.distill import greedy_targets
+    from grpo.joint.images import encode_image_rows
+
     torch.set_num_threads(cfg.cpu_threads)
-    model, tokenizer, mask_id = load_start(cfg)
+    model, processor, mask_id = load_start(cfg)
+    tokenizer = tokenizer_of(processor)
     model.config._attn_implementation = "sdpa"
-    pairs = tokenize_rows(_training_rows(cfg.pool), tokenizer, cfg.max_target_tokens)
+    images = is_vlm(model.config)
+    rows = _training_rows(cfg.pool, cfg.pool_rows, images)
+    targets = None
+    if cfg.targets == "greedy":
+        targets = greedy_targets(model, processor, rows, images, cfg.max_target_tokens)
+        logger.info("greedy targets: %d of %d rows stop within %d tokens", sum(t is not None for t in targets),
+                    len(targets), cfg.max_target_tokens)
+    if images:
+        pairs = [(row.prompt_ids, row.target_ids, row) for row in
+                 encode_image_rows(rows, model, processor, cfg.max_target_tokens, targets, cfg.pool)]
+    else:
+        pairs = [(*pair, None) for pair in tokenize_rows(rows, tokenizer, cfg.max_target_tokens, targets)]
     n_params = sum(p.numel() for p in model.parameters())
     logger.info("joint training: %d params, %d rows, B=%d, mask id %d", n_params, len(pairs), cfg.bd_size, mask_id)
     rng = random.Random(cfg.seed)
@@ -198,8 +245,7 @@ def train_joint(cfg: JointConfig, progress: bool = True) -> Path:
         for step in bar:
             for group in opt.param_groups:
                 group["lr"] = cfg.learning_rate * _lr_factor(step, steps, cfg.warmup_steps, cfg.min_lr_ratio)
-            examples = [build_example(*rng.choice(pairs), bd_size=cfg.bd_size, mask_id=mask_id,
-                                      eos_id=tokenizer.eos_token_id, gen=gen, ar_only=stage == "ar")
+            examples = [_example(*rng.choice(pairs), cfg, mask_id, tokenizer.eos_token_id, gen, stage == "ar")
                         for _ in range(cfg.batch_size)]
             l_ar, l_diff = joint_losses(model, collate(examples, tokenizer.pad_token_id))
             loss = combine(l_ar, l_diff, cfg.ar_loss_weight)
@@ -217,7 +263,7 @@ def train_joint(cfg: JointConfig, progress: bool = True) -> Path:
                 break
             if cfg.save_every and done % cfg.save_every == 0:
                 model.eval()
-                save(model, tokenizer, Path(cfg.checkpoint_dir) / f"step-{done}", cfg)
+                save(model, processor, Path(cfg.checkpoint_dir) / f"step-{done}", cfg)
                 model.train()
     model.eval()
-    return save(model, tokenizer, cfg.output_dir, cfg)
+    return save(model, processor, cfg.output_dir, cfg)
