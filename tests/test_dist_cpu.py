@@ -18,8 +18,6 @@ from grpo.rollouts.engine import free_port
 from grpo.training.trainer import STAGE_LINE
 from helpers_env import child_env
 
-pytestmark = pytest.mark.slow
-
 ROOT = Path(__file__).resolve().parent.parent
 STEPS, EVERY = 4, 2
 PROBE_SIZE = 12  # 6 prompts per rank: the sharded probe is checked; the shipped 60 only cost time
@@ -76,6 +74,21 @@ def launch(cmd: list[str], log_path: Path, env: dict[str, str], timeout: float =
     return code, log_path.read_text()
 
 
+def test_the_gpu_zero3_configs_are_the_tested_one_on_more_processes():
+    """zero3.yaml and zero3_multinode.yaml need CUDA and 8 or 16 processes; what runs here is
+    cpu_zero3_2proc.yaml, so their DeepSpeed settings must be its own (the multi-node launcher aside)."""
+    import yaml
+
+    def deepspeed(name: str) -> dict:
+        return yaml.safe_load((ROOT / "configs/accelerate" / name).read_text())["deepspeed_config"]
+
+    tested = deepspeed("cpu_zero3_2proc.yaml")
+    assert tested["zero3_init_flag"] is True
+    assert deepspeed("zero3.yaml") == tested
+    assert deepspeed("zero3_multinode.yaml") == {**tested, "deepspeed_multinode_launcher": "standard"}
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("launch_config, env_extra", [
     ("cpu_2proc.yaml", {}),                                 # DDP: a full policy copy per rank
     ("cpu_zero3_2proc.yaml", {"DS_ACCELERATOR": "cpu"}),    # ZeRO-3: sharded weights, gathered for sync and probe
@@ -88,7 +101,9 @@ def test_two_process_grpo_with_a_vllm_engine_per_rank(tmp_path, launch_config, e
     out = tmp_path / "dist"
     env = child_env(PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                     VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
-                    **env_extra)
+                    # DeepSpeed's CPU start builds an op behind a lock file in this folder; a shared one can hold
+                    # the lock of a build killed elsewhere, on which both ranks would sleep for good (docs/grpo.md)
+                    TORCH_EXTENSIONS_DIR=str(tmp_path / "torch_extensions"), **env_extra)
     cmd = [accelerate, "launch", "--config_file", str(ROOT / "configs/accelerate" / launch_config),
            "--main_process_port", str(free_port()), "-m", "grpo.cli", "train",
            "--config", str(ROOT / "configs/tiny_cpu.yaml"), "--max-steps", str(STEPS),
