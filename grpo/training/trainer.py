@@ -146,12 +146,13 @@ class GravityGRPOTrainer(GRPOTrainer):
             # The one override: TRL calls `vllm_generation.sync_weights()` before generating with new weights
             # (on CPU TRL's own sync fails; a self-drafting engine's draft copy needs the weights too).
             self.vllm_generation.sync_weights = self.sync_engine_weights
-        if self.use_vllm and self.vllm_mode == "colocate" and is_vlm(self.model.config):
+        if self.use_vllm and is_vlm(self.model.config):
             from grpo.rollouts import image_prompts as vlm_rollouts
 
-            # one image expansion in the engine's prompts; image features recomputed after each sync
+            # the engine samples from the scored prompt; image features recomputed after each sync (CPU
+            # colocate: sync_engine_weights drops them already)
             vlm_rollouts.install(self.vllm_generation, self.processing_class.image_token_id,
-                                 reset_encoder_cache=not cpu)
+                                 reset_encoder_cache=self.vllm_mode == "server" or not cpu)
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, **kwargs):
         """TRL's rollout generation, or with `rollout_decoder: selfspec` the self-speculative sampler (text)."""
