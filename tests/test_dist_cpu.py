@@ -1,7 +1,8 @@
 """Multi-process GRPO on CPU (issue 13): `accelerate launch` with configs/accelerate/cpu_2proc.yaml (2 processes,
 gloo), a colocated in-process vLLM engine on each rank, the tiny default; the same under DeepSpeed ZeRO-3 with its
-CPU accelerator (configs/accelerate/cpu_zero3_2proc.yaml). About 1 minute each on 2 cores.
-The launch config says MULTI_GPU with use_cpu: accelerate's MULTI_CPU on one machine starts a single process."""
+CPU accelerator (configs/accelerate/cpu_zero3_2proc.yaml, zero3_init_flag true as in zero3.yaml). About 1-2 minutes
+each on 2 cores. The launch config says MULTI_GPU with use_cpu: accelerate's MULTI_CPU on one machine starts a single
+process. A launch that times out ends every process it started and fails naming each rank's start-up stage."""
 from __future__ import annotations
 
 import json
@@ -21,8 +22,6 @@ from helpers_env import child_env
 ROOT = Path(__file__).resolve().parent.parent
 STEPS, EVERY = 4, 2
 PROBE_SIZE = 12  # 6 prompts per rank: the sharded probe is checked; the shipped 60 only cost time
-
-
 LAUNCH_TIMEOUT = 600  # seconds; one run takes 1-3 minutes on 2 shared cores
 _STAGE = re.compile(re.escape(STAGE_LINE).replace(r"\{rank\}", r"(?P<rank>\d+)").replace(r"\{pid\}", r"\d+")
                     .replace(r"\{stage\}", r"(?P<stage>.+)"))
@@ -66,7 +65,7 @@ def launch(cmd: list[str], log_path: Path, env: dict[str, str], timeout: float =
         except subprocess.TimeoutExpired:
             end_tree(launcher)
             text = log_path.read_text()
-            where = stages(text) or {"all": "none logged: before the config was built (launch or rendezvous)"}
+            where = stages(text) or {"all": "none logged: launch, rendezvous or DeepSpeed's op build (docs/grpo.md)"}
             pytest.fail(f"the launch timed out after {timeout:.0f} s; stage per rank: {where}\n{text[-3000:]}")
         finally:
             if launcher.poll() is None:  # an error in the test itself: leave nothing running
