@@ -97,7 +97,8 @@ def rows():
 
 def _server_generation(url: str, processor):
     """TRL's `VLLMGeneration` in server mode, built without its constructor: the constructor opens TRL's NCCL weight
-    transfer (CUDA only); generation itself is TRL's own code talking to the server."""
+    transfer (CUDA only); generation itself is TRL's own code talking to the server. No log-probs: TRL 1.16 cannot
+    read the ones vLLM 0.32's /inference/v1/generate returns (KeyError 'token' in `parse_logprobs`, docs/grpo.md)."""
     from accelerate import PartialState
     from trl.generation.vllm_client import VLLMClient
     from trl.generation.vllm_generation import VLLMGeneration
@@ -105,7 +106,7 @@ def _server_generation(url: str, processor):
     gen = VLLMGeneration.__new__(VLLMGeneration)
     settings = dict(mode="server", accelerator=PartialState(cpu=True), processing_class=processor,
                     vllm_client=VLLMClient(base_url=url), temperature=0.0, top_p=1.0, top_k=0, min_p=None,
-                    repetition_penalty=1.0, max_completion_length=MAX_TOKENS, logprobs=0,
+                    repetition_penalty=1.0, max_completion_length=MAX_TOKENS, logprobs=None,
                     structured_outputs_regex=None, generation_kwargs={}, enable_sleep_mode=False)
     for name, value in settings.items():
         setattr(gen, name, value)
