@@ -1,4 +1,4 @@
-"""Image rollouts from TRL's colocated vLLM engine sampled from exactly the prompt the loss scores.
+"""Image rollouts from TRL's vLLM engine (colocated or a server) sampled from exactly the prompt the loss scores.
 
 TRL 1.16 tokenizes a conversational image prompt with the processor, so its prompt ids already hold the N
 `<|image|>` tokens of the crop, and then hands those ids together with the image to vLLM, whose GLM-OCR
@@ -10,6 +10,12 @@ image tokens, of which only N get image features. `install` fixes that on every 
   (`PromptMismatchError` if they differ, e.g. when the engine's image processor sizes a crop otherwise);
 - `resetting_encoder_cache(sync)`: after every weight sync the engine's cache of vision-tower outputs is
   dropped (TRL resets only the prefix cache; cached image features would come from the old weights).
+
+In server mode (`trl vllm-serve`) TRL sends its prompt ids as they are, with image data the server processed on
+its own, placed at the runs of image tokens; the server does not expand them again. There `install` checks
+instead that each run is as long as the server's processing of its image (`checked_placement`), and drops the
+server's encoder cache after every weight sync (`resetting_server_encoder_cache`, vLLM's dev endpoint that
+`trl vllm-serve` turns on).
 
 `check_prompt_alignment` refuses a processor with which TRL's two tokenizations of one prompt (the prompt
 ids, and the per-token `mm_token_type_ids`) differ in length, e.g. a chat template that writes the BOS token
@@ -127,9 +133,65 @@ def resetting_encoder_cache(sync: Callable, llm: Any) -> Callable:
     return wrapped
 
 
+def image_runs(ids: list[int], image_token_id: int) -> list[int]:
+    """The lengths of the runs of `image_token_id` in `ids`, in order."""
+    runs: list[int] = []
+    for i, t in enumerate(ids):
+        if t == image_token_id:
+            if i > 0 and ids[i - 1] == image_token_id:
+                runs[-1] += 1
+            else:
+                runs.append(1)
+    return runs
+
+
+def checked_placement(place: Callable, image_token_id: int) -> Callable:
+    """Wrap `VLLMGeneration._place_features` (server mode): each image the server processed must fill exactly
+    its run of image tokens in the prompt the loss scores (`PromptMismatchError` otherwise)."""
+
+    @functools.wraps(place)
+    def wrapped(features, prompt_ids):
+        if features is not None:
+            served = [p["length"] for p in features["mm_placeholders"]["image"]]
+            runs = image_runs(list(prompt_ids), image_token_id)
+            if served != runs:
+                raise PromptMismatchError(
+                    f"the vLLM server processed the image(s) into {served} image tokens, the prompt the loss scores "
+                    f"holds runs of {runs}: the server's image processor must size the crop as the checkpoint's "
+                    "processor does (serve the same checkpoint folder)")
+        return place(features, prompt_ids)
+
+    return wrapped
+
+
+def resetting_server_encoder_cache(sync: Callable, vllm_generation: Any) -> Callable:
+    """Wrap a server-mode weight sync so that the server's encoder (image feature) cache is dropped after it
+    (on the main process, which holds the client)."""
+
+    @functools.wraps(sync)
+    def wrapped(*args, **kwargs):
+        result = sync(*args, **kwargs)
+        client = getattr(vllm_generation, "vllm_client", None)  # only the main process talks to the server
+        if client is not None:
+            response = client.session.post(f"{client.base_url}/reset_encoder_cache")
+            if response.status_code != 200:
+                raise RuntimeError(f"the vLLM server at {client.base_url} did not reset its encoder cache "
+                                   f"({response.status_code}: {response.text[:200]}); start it with "
+                                   "`trl vllm-serve` (or VLLM_SERVER_DEV_MODE=1 vllm serve)")
+        return result
+
+    return wrapped
+
+
 def install(vllm_generation: Any, image_token_id: int, reset_encoder_cache: bool = True) -> None:
-    """Fix TRL's colocated `vllm_generation` for image prompts (see the module docstring). Pass
+    """Fix TRL's `vllm_generation` (colocate or server mode) for image prompts (see the module docstring). Pass
     `reset_encoder_cache=False` where its `sync_weights` already drops that cache (grpo.rollouts.engine)."""
+    if vllm_generation.mode == "server":
+        vllm_generation._place_features = checked_placement(vllm_generation._place_features, image_token_id)
+        if reset_encoder_cache:
+            vllm_generation.sync_weights = resetting_server_encoder_cache(vllm_generation.sync_weights,
+                                                                          vllm_generation)
+        return
     vllm_generation.generate = one_expansion(vllm_generation.generate, image_token_id)
     if reset_encoder_cache:
         vllm_generation.sync_weights = resetting_encoder_cache(vllm_generation.sync_weights, vllm_generation.llm)

@@ -266,6 +266,55 @@ def check_engine(cfg: Any, is_vlm: bool | None, on_cpu: bool, report: PreflightR
     report.facts["rollouts"] = f"vLLM, {cfg.vllm_mode} ({'CPU' if on_cpu else 'CUDA'}){drafted}"
 
 
+# Seconds the run check waits for a vLLM server's answer (TRL then waits vllm_server_timeout at its own start).
+SERVER_ANSWER_TIMEOUT = 10.0
+
+
+def server_url(cfg: Any) -> str:
+    """The base URL TRL's client would use for `vllm_mode: server` (`vllm_server_base_url`, else host and port)."""
+    return (cfg.vllm_server_base_url or f"http://{cfg.vllm_server_host}:{cfg.vllm_server_port}").rstrip("/")
+
+
+def served_model(url: str, timeout: float = SERVER_ANSWER_TIMEOUT) -> str:
+    """The model a vLLM server at `url` serves (its `/health`, then the first id of `/v1/models`); OSError or
+    ValueError when it does not answer as `trl vllm-serve` does."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/health", timeout=timeout) as response:
+        if response.status != 200:
+            raise ValueError(f"/health answered {response.status}")
+    with urllib.request.urlopen(f"{url}/v1/models", timeout=timeout) as response:
+        return json.loads(response.read())["data"][0]["id"]
+
+
+def check_server(cfg: Any, on_cpu: bool, report: PreflightReport) -> None:
+    """`vllm_mode: server`: the server answers and serves the checkpoint this run trains; and training is refused
+    on CPU, where TRL's weight sync to the server cannot run (its NCCL weight transfer needs CUDA)."""
+    if not (cfg.use_vllm and cfg.vllm_mode == "server"):
+        return
+    if on_cpu:
+        report.problems.append("engine: vllm_mode 'server' needs CUDA to train: TRL pushes the weights to the server "
+                               "over NCCL (VLLMClient.init_communicator); on CPU use vllm_mode: colocate")
+    url = server_url(cfg)
+    try:
+        served = served_model(url)
+    except (OSError, ValueError, KeyError, IndexError) as err:
+        report.problems.append(f"engine: no vLLM server answers at {url} ({err}); start it first "
+                               "(trl vllm-serve --model MODEL --host HOST --port PORT, docs/grpo.md)")
+        return
+    from grpo.checkpoint import CheckpointError, resolve_model
+
+    try:
+        folder = resolve_model(cfg.model).resolve()
+    except (CheckpointError, OSError):
+        return  # named by the checkpoint check
+    if served not in (str(cfg.model), str(folder)) and Path(served).resolve() != folder:
+        report.problems.append(f"engine: the vLLM server at {url} serves {served!r}, but this run trains "
+                               f"{cfg.model} ({folder}); serve that checkpoint")
+    else:
+        report.facts["vLLM server"] = f"{url} serves {served}"
+
+
 def check_training(cfg: Any, is_vlm: bool | None, on_cpu: bool, report: PreflightReport) -> None:
     """What the training code supports: QLoRA only on CUDA, the drafter loss and self-speculative rollouts only
     on text checkpoints."""
@@ -343,6 +392,7 @@ def check_run(cfg: Any, num_processes: int, *, local_hardware: bool = True, acce
     if local_hardware:
         check_hardware(cfg, num_processes, report)
     check_engine(cfg, is_vlm, cpu, report)
+    check_server(cfg, cpu, report)
     check_training(cfg, is_vlm, cpu, report)
     report.facts.update(batch_facts(cfg, num_processes, pool_rows))
     report.facts.update(probe_facts(cfg, num_processes))

