@@ -193,6 +193,10 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
             if self.min_p or (self.generation_kwargs or {}).get("logit_bias"):
                 raise ConfigError("vllm_self_speculation: vLLM 0.32 refuses min_p and logit_bias under speculative "
                                   "decoding; leave min_p unset and logit_bias out of generation_kwargs")
+            if self.vllm_enable_sleep_mode:
+                raise ConfigError("vllm_self_speculation does not support vllm_enable_sleep_mode (sleep discards the "
+                                  "draft copy's weights too; waking both copies is untested): set "
+                                  "vllm_enable_sleep_mode: false")
         if self.drafter_loss_weight < 0:
             raise ConfigError(f"drafter_loss_weight must be >= 0 (0 turns the drafter loss off), "
                               f"got {self.drafter_loss_weight}")

@@ -1,0 +1,74 @@
+"""vLLM 0.32's parallel draft-model proposer turned into the policy drafting with its own weights in the engine.
+
+`SelfDraftProposer` is vLLM's `DraftModelProposer` with two changes:
+- **One copy.** The draft is the target model itself, on the target's KV cache: no second load, no second KV
+  cache, and a weight sync of the target is one of the drafter. Each draft forward writes the tokens it re-runs
+  into the cache slots where the target's states of the same tokens already are (the same weights compute the
+  same states), and its mask slots lie among those that the next verify forward writes before it reads them.
+- **M-RoPE.** vLLM refuses M-RoPE under draft-model or parallel drafting (`llm_base_proposer.py::
+  _raise_if_mrope`): its input expansion (`_copy_and_expand_eagle_inputs`) writes one position per token. Here
+  the expansion runs once per M-RoPE axis and once on the tokens' sequence indices: a mask slot j after a
+  request's last token gets that token's position + j on every axis (GLM-OCR's rule for text after the image),
+  and the KV cache place comes from the sequence index, as in vLLM's text path.
+
+`install` makes the engines started after it in this process build this proposer where vLLM builds
+`DraftModelProposer` (vLLM has no hook for it).
+"""
+from __future__ import annotations
+
+import torch
+from vllm.config import get_layers_from_vllm_config
+from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+from vllm.v1.spec_decode.draft_model import DraftModelProposer
+
+
+class SelfDraftProposer(DraftModelProposer):
+    """`DraftModelProposer` that drafts with the target model and its KV cache, M-RoPE included."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.uses_mrope:  # the 1-D buffer the expansion writes (vLLM makes it only without M-RoPE)
+            self.positions = torch.zeros(self.max_positions, dtype=torch.int64, device=self.device)
+
+    def _raise_if_mrope(self) -> None:
+        """M-RoPE is handled in `set_inputs_first_pass`."""
+
+    def load_model(self, target_model: torch.nn.Module) -> None:
+        self._target = target_model
+        super().load_model(target_model)  # finds no attention layers of its own: it runs the target's
+        layers = get_layers_from_vllm_config(self.vllm_config, AttentionLayerBase)  # type: ignore[type-abstract]
+        self._draft_attn_layer_names = {name for name, layer in layers.items()
+                                        if layer.get_kv_cache_spec(self.vllm_config) is not None}
+
+    def _get_model(self) -> torch.nn.Module:
+        return self._target
+
+    def set_inputs_first_pass(self, target_token_ids, next_token_ids, target_positions, target_hidden_states,
+                              token_indices_to_sample, cad, num_rejected_tokens_gpu):
+        rest = (target_hidden_states, token_indices_to_sample, cad, num_rejected_tokens_gpu)
+        if not self.uses_mrope:
+            return super().set_inputs_first_pass(target_token_ids, next_token_ids, target_positions, *rest)
+        for axis in range(target_positions.shape[0]):
+            n, *_ = super().set_inputs_first_pass(target_token_ids, next_token_ids, target_positions[axis], *rest)
+            self.mrope_positions[axis, :n] = self.positions[:n]
+        indices = sequence_indices(cad, target_token_ids.shape[0])
+        return super().set_inputs_first_pass(target_token_ids, next_token_ids, indices, *rest)
+
+
+def sequence_indices(cad, num_tokens: int) -> torch.Tensor:
+    """Each scheduled token's index in its request's sequence: request r's query tokens are the last
+    `query_len[r]` of its `seq_lens[r]` (padding after the last request: 0)."""
+    starts = cad.query_start_loc
+    lengths = starts[1:] - starts[:-1]
+    request = torch.repeat_interleave(torch.arange(len(lengths), device=starts.device), lengths)
+    index = (cad.seq_lens - lengths)[request] + torch.arange(len(request), device=starts.device) - starts[request]
+    out = torch.zeros(num_tokens, dtype=torch.int64, device=starts.device)
+    out[: len(index)] = index
+    return out
+
+
+def install() -> None:
+    """Engines started from now on in this process draft with `SelfDraftProposer`."""
+    from vllm.v1.worker import gpu_model_runner
+
+    gpu_model_runner.DraftModelProposer = SelfDraftProposer
