@@ -194,8 +194,8 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
                 raise ConfigError("vllm_self_speculation: vLLM 0.32 refuses min_p and logit_bias under speculative "
                                   "decoding; leave min_p unset and logit_bias out of generation_kwargs")
             if self.vllm_enable_sleep_mode:
-                raise ConfigError("vllm_self_speculation does not support vllm_enable_sleep_mode (sleep discards the "
-                                  "draft copy's weights too; waking both copies is untested): set "
+                raise ConfigError("vllm_self_speculation does not support vllm_enable_sleep_mode (an engine that "
+                                  "drafts with its own target model has not been put to sleep and woken): set "
                                   "vllm_enable_sleep_mode: false")
         if self.drafter_loss_weight < 0:
             raise ConfigError(f"drafter_loss_weight must be >= 0 (0 turns the drafter loss off), "
