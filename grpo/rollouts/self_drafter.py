@@ -43,6 +43,13 @@ class SelfDraftProposer(DraftModelProposer):
     def _get_model(self) -> torch.nn.Module:
         return self._target
 
+    def build_model_inputs_first_pass(self, num_tokens, num_input_tokens, mm_embed_inputs):
+        """Image features at the draft input's image tokens (vLLM lays the mask out for the target's tokens)."""
+        if mm_embed_inputs is not None:
+            mm_embeds, _ = mm_embed_inputs
+            mm_embed_inputs = (mm_embeds, self.input_ids[:num_tokens] == self.model.config.image_token_id)
+        return super().build_model_inputs_first_pass(num_tokens, num_input_tokens, mm_embed_inputs)
+
     def set_inputs_first_pass(self, target_token_ids, next_token_ids, target_positions, target_hidden_states,
                               token_indices_to_sample, cad, num_rejected_tokens_gpu):
         rest = (target_hidden_states, token_indices_to_sample, cad, num_rejected_tokens_gpu)
