@@ -1,8 +1,9 @@
 """vLLM 0.32's parallel draft-model proposer turned into the policy drafting with its own weights in the engine.
 
 `SelfDraftProposer` is vLLM's `DraftModelProposer` with two changes:
-- **One copy.** The draft is the target model itself, on the target's KV cache: no second load, no second KV
-  cache, and a weight sync of the target is one of the drafter. Each draft forward writes the tokens it re-runs
+- **One copy** (text policies). The draft is the target model itself, on the target's KV cache: no second
+  load, no second KV cache, and a weight sync of the target is one of the drafter. (On the tiny GLM-OCR one
+  copy made greedy outputs differ from plain vLLM's, so an M-RoPE checkpoint keeps vLLM's second copy.) Each draft forward writes the tokens it re-runs
   into the cache slots where the target's states of the same tokens already are (the same weights compute the
   same states), and its mask slots lie among those that the next verify forward writes before it reads them.
 - **M-RoPE.** vLLM refuses M-RoPE under draft-model or parallel drafting (`llm_base_proposer.py::
@@ -34,14 +35,15 @@ class SelfDraftProposer(DraftModelProposer):
         """M-RoPE is handled in `set_inputs_first_pass`."""
 
     def load_model(self, target_model: torch.nn.Module) -> None:
-        self._target = target_model
-        super().load_model(target_model)  # finds no attention layers of its own: it runs the target's
-        layers = get_layers_from_vllm_config(self.vllm_config, AttentionLayerBase)  # type: ignore[type-abstract]
-        self._draft_attn_layer_names = {name for name, layer in layers.items()
-                                        if layer.get_kv_cache_spec(self.vllm_config) is not None}
+        self._target = None if self.uses_mrope else target_model  # GLM-OCR: a second copy (docs/selfspec.md)
+        super().load_model(target_model)
+        if self._target is not None:  # it found no attention layers of its own: it runs the target's
+            layers = get_layers_from_vllm_config(self.vllm_config, AttentionLayerBase)  # type: ignore[type-abstract]
+            self._draft_attn_layer_names = {name for name, layer in layers.items()
+                                            if layer.get_kv_cache_spec(self.vllm_config) is not None}
 
     def _get_model(self) -> torch.nn.Module:
-        return self._target
+        return self._target if self._target is not None else super()._get_model()
 
     def build_model_inputs_first_pass(self, num_tokens, num_input_tokens, mm_embed_inputs):
         """Image features at the draft input's image tokens (vLLM lays the mask out for the target's tokens)."""
