@@ -2,15 +2,17 @@
 
 `SelfDraftProposer` is vLLM's `DraftModelProposer` with two changes:
 - **One copy** (text policies). The draft is the target model itself, on the target's KV cache: no second
-  load, no second KV cache, and a weight sync of the target is one of the drafter. (On the tiny GLM-OCR one
-  copy made greedy outputs differ from plain vLLM's, so an M-RoPE checkpoint keeps vLLM's second copy.) Each draft forward writes the tokens it re-runs
-  into the cache slots where the target's states of the same tokens already are (the same weights compute the
-  same states), and its mask slots lie among those that the next verify forward writes before it reads them.
-- **M-RoPE.** vLLM refuses M-RoPE under draft-model or parallel drafting (`llm_base_proposer.py::
+  load, no second KV cache, and a weight sync of the target is one of the drafter. Each draft forward writes
+  the tokens it re-runs into the cache slots where the target's states of the same tokens already are (the
+  same weights compute the same states), and its mask slots lie among those that the next verify forward
+  writes before it reads them. On the tiny GLM-OCR one copy made greedy outputs differ from plain vLLM's, so
+  an M-RoPE checkpoint keeps vLLM's second copy (which no weight sync reloads: the run check refuses it).
+- **M-RoPE and images.** vLLM refuses M-RoPE under draft-model or parallel drafting (`llm_base_proposer.py::
   _raise_if_mrope`): its input expansion (`_copy_and_expand_eagle_inputs`) writes one position per token. Here
   the expansion runs once per M-RoPE axis and once on the tokens' sequence indices: a mask slot j after a
   request's last token gets that token's position + j on every axis (GLM-OCR's rule for text after the image),
-  and the KV cache place comes from the sequence index, as in vLLM's text path.
+  and the KV cache place comes from the sequence index, as in vLLM's text path. The image features go to the
+  draft input's image tokens.
 
 `install` makes the engines started after it in this process build this proposer where vLLM builds
 `DraftModelProposer` (vLLM has no hook for it).
@@ -24,7 +26,7 @@ from vllm.v1.spec_decode.draft_model import DraftModelProposer
 
 
 class SelfDraftProposer(DraftModelProposer):
-    """`DraftModelProposer` that drafts with the target model and its KV cache, M-RoPE included."""
+    """`DraftModelProposer` that drafts with the target model and its KV cache (text), or with M-RoPE positions."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
