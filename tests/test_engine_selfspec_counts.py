@@ -62,3 +62,17 @@ def test_sequence_indices_are_each_query_tokens_place_in_its_request():
     cad = SimpleNamespace(query_start_loc=torch.tensor([0, 3, 5], dtype=torch.int32),
                           seq_lens=torch.tensor([10, 7], dtype=torch.int32))
     assert sequence_indices(cad, 6).tolist() == [7, 8, 9, 5, 6, 0]
+
+
+def test_window_positions_keep_the_targets_and_continue_after_the_last_valid_token():
+    """Request 0: a prefill over an image (positions not consecutive); request 1: a verify with 1 rejected token.
+    2 new slots each (x0 and one mask): the last valid token's position + 1, + 2 on every axis."""
+    from grpo.rollouts.self_drafter import window_positions
+
+    target = torch.tensor([[0, 1, 1, 1, 2, 9, 10, 11],
+                           [0, 1, 2, 2, 3, 9, 10, 11],
+                           [0, 1, 1, 2, 3, 9, 10, 11]])
+    out = window_positions(target, torch.tensor([0, 5, 8]), torch.tensor([0, 1]), slots=2, num_out=12)
+    assert out.tolist() == [[0, 1, 1, 1, 2, 3, 4, 9, 10, 11, 12, 0],
+                            [0, 1, 2, 2, 3, 4, 5, 9, 10, 11, 12, 0],
+                            [0, 1, 1, 2, 3, 4, 5, 9, 10, 11, 12, 0]]

@@ -8,10 +8,11 @@
   writes before it reads them. On the tiny GLM-OCR one copy made greedy outputs differ from plain vLLM's, so
   an M-RoPE checkpoint keeps vLLM's second copy (which no weight sync reloads: the run check refuses it).
 - **M-RoPE and images.** vLLM refuses M-RoPE under draft-model or parallel drafting (`llm_base_proposer.py::
-  _raise_if_mrope`): its input expansion (`_copy_and_expand_eagle_inputs`) writes one position per token. Here
-  the expansion runs once per M-RoPE axis and once on the tokens' sequence indices: a mask slot j after a
-  request's last token gets that token's position + j on every axis (GLM-OCR's rule for text after the image),
-  and the KV cache place comes from the sequence index, as in vLLM's text path. The image features go to the
+  _raise_if_mrope`): its input expansion (`_copy_and_expand_eagle_inputs`) writes one position per token, the
+  query's first position + j. Here the expansion runs on the tokens' sequence indices, from which vLLM computes
+  the KV cache places, and `window_positions` gives the M-RoPE positions: the re-run tokens keep the target's,
+  and slot j after a request's last token gets that token's position + j on every axis (GLM-OCR's rule for
+  text after the image). The image features go to the
   draft input's image tokens.
 
 `install` makes the engines started after it in this process build this proposer where vLLM builds
@@ -37,7 +38,7 @@ class SelfDraftProposer(DraftModelProposer):
         """M-RoPE is handled in `set_inputs_first_pass`."""
 
     def load_model(self, target_model: torch.nn.Module) -> None:
-        self._target = None if self.uses_mrope else target_model  # GLM-OCR: a second copy (docs/selfspec.md)
+        self._target = target_model
         super().load_model(target_model)
         if self._target is not None:  # it found no attention layers of its own: it runs the target's
             layers = get_layers_from_vllm_config(self.vllm_config, AttentionLayerBase)  # type: ignore[type-abstract]
@@ -59,11 +60,12 @@ class SelfDraftProposer(DraftModelProposer):
         rest = (target_hidden_states, token_indices_to_sample, cad, num_rejected_tokens_gpu)
         if not self.uses_mrope:
             return super().set_inputs_first_pass(target_token_ids, next_token_ids, target_positions, *rest)
-        for axis in range(target_positions.shape[0]):
-            n, *_ = super().set_inputs_first_pass(target_token_ids, next_token_ids, target_positions[axis], *rest)
-            self.mrope_positions[axis, :n] = self.positions[:n]
         indices = sequence_indices(cad, target_token_ids.shape[0])
-        return super().set_inputs_first_pass(target_token_ids, next_token_ids, indices, *rest)
+        out = super().set_inputs_first_pass(target_token_ids, next_token_ids, indices, *rest)
+        n = out[0]
+        self.mrope_positions[:, :n] = window_positions(target_positions, cad.query_start_loc,
+                                                       num_rejected_tokens_gpu, self.extra_slots_per_request, n)
+        return out
 
 
 def sequence_indices(cad, num_tokens: int) -> torch.Tensor:
@@ -75,6 +77,25 @@ def sequence_indices(cad, num_tokens: int) -> torch.Tensor:
     index = (cad.seq_lens - lengths)[request] + torch.arange(len(request), device=starts.device) - starts[request]
     out = torch.zeros(num_tokens, dtype=torch.int64, device=starts.device)
     out[: len(index)] = index
+    return out
+
+
+def window_positions(target_positions: torch.Tensor, starts: torch.Tensor, rejected: torch.Tensor | None,
+                     slots: int, num_out: int) -> torch.Tensor:
+    """M-RoPE positions (axes, `num_out`) of the draft input vLLM's expansion lays out: per request, its valid
+    query tokens at their own positions, then `slots` new tokens (x0, masks) at the last valid token's position
+    + 1, + 2, ... on every axis, then its rejected tokens (0). vLLM's kernel writes first position + j instead,
+    which is right only where a query's positions are consecutive (not over an image)."""
+    out = torch.zeros(target_positions.shape[0], num_out, dtype=target_positions.dtype,
+                      device=target_positions.device)
+    starts = starts.tolist()
+    rejected = rejected.tolist() if rejected is not None else [0] * (len(starts) - 1)
+    for r, (start, end) in enumerate(zip(starts[:-1], starts[1:])):
+        valid = end - start - rejected[r]
+        at = start + r * slots
+        out[:, at:at + valid] = target_positions[:, start:start + valid]
+        step = torch.arange(1, slots + 1, device=out.device)
+        out[:, at + valid:at + valid + slots] = target_positions[:, start + valid - 1, None] + step
     return out
 
 
