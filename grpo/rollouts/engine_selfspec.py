@@ -1,14 +1,14 @@
 """Self-speculative rollouts inside the colocated vLLM engine (`vllm_self_speculation`): the policy drafts for itself.
 
 vLLM's parallel-draft path (`method: draft_model`, `parallel_drafting: true`) is given the policy's own checkpoint
-as its draft model, and `grpo.rollouts.self_drafter` makes the draft the target model itself (text policies: one
-copy of the weights and of the KV cache; GLM-OCR: a second copy, with M-RoPE positions and image features). One
-draft forward over `[accepted tokens, x0, M x (K-1)]` proposes K tokens: x0's logits give the AR prediction a0 and
-mask j's logits the block-diffusion draft d_j (docs/spec.md §5), so K = B + 1 with B the checkpoint's block size.
-The masks attend causally there (vLLM's draft attention), not bidirectionally as in training. vLLM's rejection
-sampler verifies the draft with the target's own logits, so the output distribution is the policy's: greedy
-outputs equal plain vLLM's, and sampled drafts (`draft_sample_method: probabilistic`) are accepted with
-probability min(1, p/q).
+as its draft model, and `grpo.rollouts.self_drafter` makes the draft the target model itself (one copy of the
+weights and of the KV cache; GLM-OCR's M-RoPE positions and image features included). One draft forward over
+`[accepted tokens, x0, M x (K-1)]` proposes K tokens: x0's logits give the AR prediction a0 and mask j's logits
+the block-diffusion draft d_j (docs/spec.md §5), so K = B + 1 with B the checkpoint's block size. The masks
+attend causally there (vLLM's draft attention), not bidirectionally as in training. vLLM's rejection sampler
+verifies the draft with the target's own logits, so the output distribution is the policy's: greedy outputs
+equal plain vLLM's, and sampled drafts (`draft_sample_method: probabilistic`) are accepted with probability
+min(1, p/q).
 
 Costs: each round re-runs the tokens just accepted through the draft forward, so a request costs a draft and a
 verify forward per round (`rollout/tokens_per_forward` counts both).

@@ -1,12 +1,11 @@
 """vLLM 0.32's parallel draft-model proposer turned into the policy drafting with its own weights in the engine.
 
 `SelfDraftProposer` is vLLM's `DraftModelProposer` with two changes:
-- **One copy** (text policies). The draft is the target model itself, on the target's KV cache: no second
+- **One copy.** The draft is the target model itself, on the target's KV cache: no second
   load, no second KV cache, and a weight sync of the target is one of the drafter. Each draft forward writes
   the tokens it re-runs into the cache slots where the target's states of the same tokens already are (the
   same weights compute the same states), and its mask slots lie among those that the next verify forward
-  writes before it reads them. On the tiny GLM-OCR one copy made greedy outputs differ from plain vLLM's, so
-  an M-RoPE checkpoint keeps vLLM's second copy (which no weight sync reloads: the run check refuses it).
+  writes before it reads them (which needs the right positions: see `window_positions`).
 - **M-RoPE and images.** vLLM refuses M-RoPE under draft-model or parallel drafting (`llm_base_proposer.py::
   _raise_if_mrope`): its input expansion (`_copy_and_expand_eagle_inputs`) writes one position per token, the
   query's first position + j. Here the expansion runs on the tokens' sequence indices, from which vLLM computes
@@ -27,7 +26,7 @@ from vllm.v1.spec_decode.draft_model import DraftModelProposer
 
 
 class SelfDraftProposer(DraftModelProposer):
-    """`DraftModelProposer` that drafts with the target model and its KV cache (text), or with M-RoPE positions."""
+    """`DraftModelProposer` that drafts with the target model and its KV cache, M-RoPE and images included."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
