@@ -96,3 +96,23 @@ def test_greedy_is_ar_greedy_and_one_reload_updates_the_drafter(drafted_engine, 
     synced, (first, drafts) = _greedy(drafted_engine, prompts)
     assert synced == changed
     assert drafts > 0 and first == drafts
+
+
+def test_glm_ocr_drafts_its_own_grpo_rollouts(tmp_path):
+    """GRPO on the tiny GLM-OCR with the engine drafting for itself (M-RoPE, images, one copy): the rollouts'
+    logprobs stay the policy's and the drafting is counted (a random model drafts about nothing)."""
+    import json
+    from pathlib import Path
+
+    from grpo.cli import main
+
+    out = tmp_path / "run"
+    config = Path(__file__).resolve().parent.parent / "configs" / "tiny_vlm_cpu.yaml"
+    assert main(["train", "--config", str(config), "--output-dir", str(out), "--max-steps", "2", "--tpf-every", "0",
+                 "--set", "vllm_self_speculation=true"]) == 0
+    steps = [e for e in map(json.loads, (out / "metrics.jsonl").open()) if "loss" in e]
+    assert len(steps) == 2
+    for entry in steps:
+        assert entry["sampling/sampling_logp_difference/max"] <= 0.05, entry
+        assert entry["rollout/tokens_per_forward"] == pytest.approx(entry["rollout/tokens_per_target_forward"] / 2)
+        assert entry["rollout/accepted_per_draft"] >= 1.0, entry  # x0's proposal is the target's: always accepted

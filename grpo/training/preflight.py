@@ -274,10 +274,6 @@ def check_training(cfg: Any, is_vlm: bool | None, on_cpu: bool, report: Prefligh
                                "GPUs; drop load_in_4bit to train LoRA on full-precision weights here")
     if is_vlm and cfg.rollout_decoder == "selfspec":
         report.problems.append("training: rollout_decoder 'selfspec' decodes text policies only; set it to 'hf'")
-    if is_vlm and cfg.vllm_self_speculation:
-        report.problems.append("training: vllm_self_speculation is built and checked for text policies only "
-                               "(GLM-OCR's self-drafting engine, grpo.rollouts.self_drafter, drafts with a second "
-                               "copy of the weights that no weight sync reloads, docs/selfspec.md); set it to false")
     if is_vlm and cfg.drafter_loss_weight > 0:
         report.problems.append("training: drafter_loss_weight > 0 is implemented for text checkpoints only "
                                "(grpo.joint.streams builds 1-D positions and no image inputs); set it to 0")
