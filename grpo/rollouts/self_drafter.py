@@ -37,7 +37,8 @@ class SelfDraftProposer(DraftModelProposer):
         """M-RoPE is handled in `set_inputs_first_pass`."""
 
     def load_model(self, target_model: torch.nn.Module) -> None:
-        self._target = target_model
+        drafts_itself = self.speculative_config.draft_model_config.model == self.vllm_config.model_config.model
+        self._target = target_model if drafts_itself else None  # another draft model: vLLM's own way
         super().load_model(target_model)
         if self._target is not None:  # it found no attention layers of its own: it runs the target's
             layers = get_layers_from_vllm_config(self.vllm_config, AttentionLayerBase)  # type: ignore[type-abstract]
@@ -99,7 +100,8 @@ def window_positions(target_positions: torch.Tensor, starts: torch.Tensor, rejec
 
 
 def install() -> None:
-    """Engines started from now on in this process draft with `SelfDraftProposer`."""
+    """Engines started from now on in this process draft with `SelfDraftProposer` (one whose draft model is
+    another checkpoint keeps that model, and gets only the M-RoPE and image handling)."""
     from vllm.v1.worker import gpu_model_runner
 
     gpu_model_runner.DraftModelProposer = SelfDraftProposer
