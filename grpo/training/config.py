@@ -76,8 +76,8 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
     vllm_self_speculation: bool = field(default=False, metadata={
         "help": "The colocated vLLM engine drafts for itself: the policy's block-diffusion path proposes "
                 "vllm_draft_length tokens per target forward and vLLM's rejection sampler keeps the output "
-                "distribution the policy's (text policies; docs/selfspec.md). Costs a second copy of the weights and "
-                "of the KV cache."})
+                "distribution the policy's (text policies and GLM-OCR; docs/selfspec.md). The drafter is the "
+                "target model: no second copy of the weights or the KV cache."})
     vllm_draft_length: int | None = field(default=None, metadata={
         "help": "Tokens drafted per round with vllm_self_speculation: None takes the checkpoint's block size + 1 "
                 "(x0's own prediction and B masks, docs/spec.md §5)."})
