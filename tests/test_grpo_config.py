@@ -98,6 +98,7 @@ def test_malformed_yaml(tmp_path):
     ({"vllm_self_speculation": True}, "set use_vllm: true and vllm_mode: colocate"),
     ({"vllm_self_speculation": True, "use_vllm": True, "min_p": 0.05}, "refuses min_p and logit_bias"),
     ({"vllm_draft_length": 5}, "needs vllm_self_speculation: true"),
+    ({"vllm_self_speculation": True, "use_vllm": True, "vllm_enable_sleep_mode": True}, "vllm_enable_sleep_mode"),
 ])
 def test_cross_field_errors(tmp_path, values, message):
     with pytest.raises(ConfigError, match=message):

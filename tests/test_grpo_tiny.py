@@ -49,7 +49,8 @@ def test_tpf_floor_stops_and_saves(tmp_path):
 
 def test_self_drafted_rollouts_keep_the_policys_distribution(tmp_path):
     """Check `engine-selfspec`: with the engine drafting for itself, the rollouts' logprobs stay the policy's
-    (TRL's sampling_logp_difference, as small as without speculation) and each target forward makes >= 3 tokens."""
+    (TRL's sampling_logp_difference, as small as without speculation) and each target forward makes >= 3 tokens
+    (half that per forward of the weights, the drafter's counted)."""
     from grpo.cli import main
 
     out = tmp_path / "run"
@@ -60,4 +61,5 @@ def test_self_drafted_rollouts_keep_the_policys_distribution(tmp_path):
     for entry in steps:
         assert entry["sampling/sampling_logp_difference/max"] <= 0.05, entry
         assert entry["rollout/tokens_per_target_forward"] >= 3.0, entry
+        assert entry["rollout/tokens_per_forward"] == pytest.approx(entry["rollout/tokens_per_target_forward"] / 2)
         assert entry["rollout/accepted_per_draft"] > 0, entry

@@ -118,7 +118,7 @@ def test_probe_cost_counts_the_ar_check_only_where_it_runs(compare, first, later
     assert text.startswith(f"<= {first} batch-1 forwards at step 0 and {later} per later probe")
 
 
-def test_engine_self_speculation_refuses_a_glm_ocr_checkpoint():
-    report = preflight(ROOT / "configs" / "tiny_vlm_cpu.yaml", {"vllm_self_speculation": True})
-    assert any("vllm_self_speculation is built and checked for text policies only" in p for p in report.problems)
-    assert not any("vllm_self_speculation" in p for p in preflight(TINY, {"vllm_self_speculation": True}).problems)
+def test_engine_self_speculation_passes_the_run_check_on_text_and_glm_ocr():
+    for config in (TINY, ROOT / "configs" / "tiny_vlm_cpu.yaml"):
+        report = preflight(config, {"vllm_self_speculation": True})
+        assert not any("vllm_self_speculation" in p for p in report.problems), report.problems

