@@ -8,9 +8,11 @@ fail because those op schemas were never defined. `prepare()` defines just those
 when, and only when, torch is a CPU build and `_C.so` cannot load; the transforms, the image processors and
 vLLM's model code stay torchvision's, transformers' and vLLM's own. Calling `nms`/`qnms` still fails.
 
-It must run in every Python process before torchvision is imported (vLLM inspects models in a subprocess),
-so `make setup` writes a `.pth` file that calls `install()` at interpreter start. `install()` imports nothing
-heavy: it adds an import hook that runs `prepare()` on the first `import torchvision`.
+It must run in every Python process before torchvision is imported. `install()` imports nothing heavy: it adds
+an import hook that runs `prepare()` on the first `import torchvision`. Two callers, both carried by the wheel:
+`import grpo` (every process of this package), and vLLM's general-plugin entry point (`vllm.general_plugins` in
+pyproject.toml), which vLLM 0.32 loads in each of its processes before it touches a model: the engine core,
+each worker, and the subprocess that inspects a model class (`vllm.model_executor.models.registry._run`).
 """
 from __future__ import annotations
 
@@ -72,20 +74,3 @@ def install() -> None:
     if "torchvision" in sys.modules or _BeforeTorchvision in sys.meta_path:
         return
     sys.meta_path.insert(0, _BeforeTorchvision)
-
-
-PTH_NAME = "gravity_grpo_torchvision.pth"
-PTH_LINE = "import grpo.torchvision_ops as _tv; _tv.install()\n"
-
-
-def write_pth() -> Path:
-    """Write the `.pth` file that calls `install()` at every start of this interpreter (`make setup`)."""
-    import sysconfig
-
-    path = Path(sysconfig.get_paths()["purelib"]) / PTH_NAME
-    path.write_text(PTH_LINE)
-    return path
-
-
-if __name__ == "__main__":
-    print(f"wrote {write_pth()}")
