@@ -34,6 +34,7 @@ $(STAMP): pyproject.toml setup.py rewards/pyproject.toml constraints-cpu.txt
 	  $(PIP) install -q -c constraints-cpu.txt -e ./rewards -e '.[cpu,dev]' && \
 	  $(PIP) uninstall -q -y torchaudio torchcodec triton; \
 	fi
+	rm -f .venv/lib/python*/site-packages/gravity_grpo_torchvision.pth  # what `make setup` wrote before 0.1.0
 	$(PY) -c "import grpo, torchvision, transformers.models.glm46v.processing_glm46v, vllm.model_executor.models.glm_ocr"
 	touch $(STAMP)
 
