@@ -21,7 +21,7 @@ ACCELERATE = "accelerate"  # the accelerate launch configs' folder among the rec
 
 def _shipped(package: str, relative: str = "") -> Path:
     """The file or folder `relative` (`/`-separated) inside the package-data package `package`."""
-    return Path(str(files(package).joinpath(relative))) if relative else Path(str(files(package)))
+    return Path(str(files(package))) / relative
 
 
 def model_folder(name: str) -> Path | None:
