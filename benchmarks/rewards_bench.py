@@ -1,6 +1,6 @@
 """Reward speed, measured against references in the same run.
 
-1. TEDS_s of the project (numba Zhang–Shasha, `ocr_rewards.teds`) vs plain apted (`ocr_rewards.teds_apted`, the
+1. TEDS_s of the project (numba Zhang–Shasha, `ocr_rewards.teds`) vs plain apted (`rewards/tests/teds_apted.py`, the
    algorithm of PubTabNet's metric.py) on synthetic r x c tables with a noisy prediction, both from the
    raw HTML (parsing included), checking that the two values are equal (1e-9).
 2. Wall time of `ocr_reward` on a GRPO step's worth of table completions: 24 references of ~1,900
@@ -18,7 +18,9 @@ from __future__ import annotations
 import argparse
 import random
 import re
+import sys
 import time
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -29,7 +31,9 @@ from ocr_rewards.normalize import normalize_formula, normalize_table_html, norma
 from ocr_rewards.trl_reward import default_workers
 from ocr_rewards.table import parse_table
 from ocr_rewards.teds import parse_tree
-from ocr_rewards.teds_apted import teds_apted
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rewards" / "tests"))  # the tests' reference TEDS
+from teds_apted import teds_apted  # noqa: E402
 
 SIZES = [(10, 5), (30, 8), (60, 10), (100, 10)]
 WORDS = ["total", "mean", "n", "p", "value", "ratio", "group", "control", "dose", "week", "age", "SD"]

@@ -114,8 +114,6 @@ def main() -> int:
           + (f" (pulled in by newer releases of image packages, not on its list: {', '.join(extra)})" if extra else ""),
           flush=True)
     checkout = {**os.environ, "PYTHONPATH": str(ROOT)}
-    # the CPU torch beside PyPI's CUDA torchvision needs the package's import hook (grpo/torchvision_ops.py)
-    subprocess.run([str(env_python), "-m", "grpo.torchvision_ops"], check=True, env=checkout, cwd=ROOT)
     code = subprocess.run([str(env_python), "-m", "grpo.gpu_check", "--device", "cpu", "--wheels", str(wheels),
                            "--out", str(RUN)], env=checkout, cwd=ROOT).returncode
     shutil.rmtree(env_dir)  # throwaway (~2 GB); the downloads in runs/gpu-rehearsal/image stay for the next run

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from grpo.builtin import MODELS, model_folder
 from grpo.errors import UserError
 from ocr_rewards.jsonl import read_json_object
 
@@ -29,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 MASK_TOKEN = "<|mask|>"
 BD_FILE = "block_diffusion.json"
-TINY_MODEL = Path(__file__).resolve().parents[1] / "data" / "tiny" / "model"  # in the checkout (docs/spec.md)
+TINY_MODEL = model_folder("tiny")  # the tiny default's folder (grpo.builtin)
 VLM_MODEL_TYPES = ("glm_ocr",)
 ADAPTER_CONFIG = "adapter_config.json"  # a LoRA checkpoint (peft): adapters only, merged into the base on load
 HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")  # owner/name, as the hub spells repository ids
@@ -157,11 +158,14 @@ class ModelSource:
 
 
 def locate(spec: str | Path) -> ModelSource:
-    """The one resolver of a model argument: `"tiny"` (the committed tiny default), a local folder (a full or a
-    LoRA checkpoint), or a hub id (`owner/name`) fetched through `huggingface_hub`, which honours its cache,
-    `HF_HOME` and `HF_HUB_OFFLINE`. A LoRA checkpoint's base is located the same way."""
+    """The one resolver of a model argument: a local folder (a full or a LoRA checkpoint), a built-in name
+    (`tiny`, the tiny default; `tiny-vlm`, the tiny GLM-OCR: `grpo.builtin.MODELS`) where no folder has that
+    name, or a hub id (`owner/name`) fetched through `huggingface_hub`, which honours its cache, `HF_HOME` and
+    `HF_HUB_OFFLINE`. A LoRA checkpoint's base is located the same way."""
     text = str(spec)
-    path = TINY_MODEL if text == "tiny" else Path(spec)
+    path = Path(spec)
+    if not path.exists() and text in MODELS:
+        path = model_folder(text)
     hub = not path.exists() and HUB_ID.fullmatch(text) is not None and not text.startswith(".")
     if hub:
         path = _from_hub(text)
@@ -170,7 +174,7 @@ def locate(spec: str | Path) -> ModelSource:
             source = ModelSource(text, path, base=_lora_base(path).model_dir, hub=hub)
             _refuse_looped(source)
             return source
-        hint = " (the tiny default is built by the joint-training stage)" if text == "tiny" else ""
+        hint = f" (the built-in names: {', '.join(MODELS)})" if text in MODELS else ""
         raise CheckpointError(f"model {text!r}: no Hugging Face checkpoint at {path} (config.json missing){hint}")
     read_json_object(path / "config.json", CheckpointError)  # a damaged one is named before any loader reads it
     source = ModelSource(text, path, hub=hub)

@@ -3,7 +3,7 @@
 A pool is a `datasets` dataset with columns `prompt`, `target`, `task_type` and, for vision-language
 policies, `image`. It can be a `save_to_disk` folder, a `.parquet` file, a `.jsonl` file or a built-in
 synthetic split name (`grpo.synthetic.splits.split_of`: `tiny`, `tiny-probe`, a fresh probe `tiny-probe@SEED`,
-...). In a jsonl file `image` is a path relative to the file, or `{"bytes": "<base64>"}`, or absent / null
+...), or the name of a shipped image pool (`grpo.builtin.POOLS`: `tiny-vlm`, `tiny-vlm-probe`). In a jsonl file `image` is a path relative to the file, or `{"bytes": "<base64>"}`, or absent / null
 for text-only pools.
 
 Every row is checked (task_type known, target and prompt non-empty strings, target within the reward's
@@ -25,6 +25,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from grpo.builtin import POOLS, pool_folder
 from grpo.errors import MissingFileError, UserError
 from ocr_rewards.jsonl import read_json_object, read_lines
 from ocr_rewards.scoring import check_reference, task_problem
@@ -131,6 +132,8 @@ def _read(spec: str):
     from datasets import DatasetDict
 
     path = Path(spec)
+    if not path.exists() and spec in POOLS:
+        path = pool_folder(spec)
     if path.is_dir():
         ds = read_dataset_folder(path, f"prompt pool {spec}")
         if isinstance(ds, DatasetDict):
@@ -149,7 +152,7 @@ def _read(spec: str):
     from grpo.synthetic.splits import FRESH_PROBE, SPLITS, build_split, is_builtin
     if is_builtin(spec):
         return build_split(spec), Path.cwd(), [], None
-    raise PoolError(spec, f"not found; expected {FORMATS} ({', '.join(SPLITS)}, or {FRESH_PROBE}@SEED)")
+    raise PoolError(spec, f"not found; expected {FORMATS} ({', '.join((*SPLITS, *POOLS))}, or {FRESH_PROBE}@SEED)")
 
 
 def _read_parquet(path: Path, spec: str):

@@ -8,9 +8,15 @@ fail because those op schemas were never defined. `prepare()` defines just those
 when, and only when, torch is a CPU build and `_C.so` cannot load; the transforms, the image processors and
 vLLM's model code stay torchvision's, transformers' and vLLM's own. Calling `nms`/`qnms` still fails.
 
-It must run in every Python process before torchvision is imported (vLLM inspects models in a subprocess),
-so `make setup` writes a `.pth` file that calls `install()` at interpreter start. `install()` imports nothing
-heavy: it adds an import hook that runs `prepare()` on the first `import torchvision`.
+It must run in every Python process before torchvision is imported. `install()` imports nothing heavy: it adds
+an import hook that runs `prepare()` on the first `import torchvision`. Both callers are carried by the wheel:
+`import grpo` (every process of this package), and vLLM's general plugin (`vllm_plugin`, the entry point
+`vllm.general_plugins` in pyproject.toml), which vLLM 0.32 loads in the engine core and each worker before
+they touch a model. The one vLLM process it cannot reach in time is the subprocess that inspects a lazily
+registered model class (`python -m vllm.model_executor.models.registry`): its module imports transformers, and
+with it torchvision, before `_run` loads the plugins. So where the schemas are needed, the plugin registers
+vLLM's GLM-OCR class as an imported one, which vLLM inspects in its own process instead (the subprocess only
+keeps CUDA out of the parent; this is a CPU torch).
 """
 from __future__ import annotations
 
@@ -35,19 +41,29 @@ def _extension_path() -> Path | None:
                 None)
 
 
-def prepare() -> bool:
-    """Define SCHEMAS if torch is a CPU build and torchvision's `_C` cannot load; True if it did."""
-    global _library
+def needed() -> bool:
+    """True if torch is a CPU build and torchvision's `_C` cannot load (it is loaded where it can)."""
     import torch
 
     path = _extension_path()
-    if _library is not None or torch.version.cuda is not None or path is None:
+    if _library is not None:
+        return True
+    if torch.version.cuda is not None or path is None:
         return False
     try:
         torch.ops.load_library(str(path))
         return False  # torchvision's own ops load: nothing to do
     except OSError:
-        pass
+        return True
+
+
+def prepare() -> bool:
+    """Define SCHEMAS where `needed()`; True if it did."""
+    global _library
+    if _library is not None or not needed():
+        return False
+    import torch
+
     _library = torch.library.Library("torchvision", "DEF")
     for schema in SCHEMAS:
         _library.define(schema)
@@ -74,18 +90,25 @@ def install() -> None:
     sys.meta_path.insert(0, _BeforeTorchvision)
 
 
-PTH_NAME = "gravity_grpo_torchvision.pth"
-PTH_LINE = "import grpo.torchvision_ops as _tv; _tv.install()\n"
+GLM_OCR = ("GlmOcrForConditionalGeneration", "vllm.model_executor.models.glm_ocr")  # architecture, vLLM module
 
 
-def write_pth() -> Path:
-    """Write the `.pth` file that calls `install()` at every start of this interpreter (`make setup`)."""
-    import sysconfig
+def vllm_plugin() -> None:
+    """vLLM's general plugin: `install()`, and where `needed()`, vLLM's GLM-OCR class registered as imported (see
+    the module docstring). Runs in every vLLM process, any number of times."""
+    install()
+    if not needed():
+        return
+    import importlib
+    import logging
 
-    path = Path(sysconfig.get_paths()["purelib"]) / PTH_NAME
-    path.write_text(PTH_LINE)
-    return path
+    from vllm import ModelRegistry
 
-
-if __name__ == "__main__":
-    print(f"wrote {write_pth()}")
+    architecture, module = GLM_OCR
+    registry = logging.getLogger("vllm.model_executor.models.registry")
+    level = registry.level
+    registry.setLevel(logging.ERROR)  # "already registered, and will be overwritten": the same class
+    try:
+        ModelRegistry.register_model(architecture, getattr(importlib.import_module(module), architecture))
+    finally:
+        registry.setLevel(level)

@@ -58,13 +58,16 @@ class ConfigError(UserError, ValueError):
 
 
 def read_recipe(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """The mapping of a YAML recipe, on top of the recipe its `extends` names (followed recursively); values of
-    `INPUT_KEYS` that name a file or folder beside the recipe point there."""
+    """The mapping of a YAML recipe (a file, or a shipped recipe's name: `tiny_cpu`, `grpo.builtin.recipe`), on
+    top of the recipe its `extends` names (followed recursively); values of `INPUT_KEYS` that name a file or
+    folder beside the recipe point there."""
     import yaml
 
-    path = Path(path)
+    from grpo.builtin import recipe, recipes
+
+    path = recipe(path)
     if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
+        raise ConfigError(f"config file {path} does not exist (the shipped recipes: {', '.join(recipes())})")
     if path.resolve() in _chain:
         raise ConfigError(f"{path}: 'extends' makes a loop ({' -> '.join(str(p) for p in (*_chain, path))})")
     try:

@@ -5,6 +5,8 @@ import os
 
 import pytest
 
+import grpo  # noqa: F401  first, as in every process of the package: torchvision's CPU fix (grpo.torchvision_ops)
+
 
 @pytest.fixture(scope="module")
 def text_ckpt(tmp_path_factory):

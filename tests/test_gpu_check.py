@@ -60,4 +60,4 @@ def test_report_shape_and_a_failed_install_hides_no_step(tmp_path):
 
 def test_the_wheels_carry_every_need_the_device_image_lacks(tmp_path):
     """Without wheels, what the two distributions need beyond the image is exactly the top of gpu/wheels.txt."""
-    assert set(outside_image(tmp_path)) == {"trl", "datasets", "apted", "rapidfuzz", "pylatexenc"} <= set(pinned())
+    assert set(outside_image(tmp_path)) == {"trl", "datasets", "rapidfuzz", "pylatexenc"} <= set(pinned())

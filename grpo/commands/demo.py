@@ -6,11 +6,12 @@ from pathlib import Path
 
 HELP = "the main job: a few minutes of GRPO on the tiny default with colocated vLLM; prints where the results are"
 
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml"
+CONFIG = "tiny_cpu"  # the shipped recipe (configs/tiny_cpu.yaml)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, default=CONFIG, help="run config (default: configs/tiny_cpu.yaml)")
+    parser.add_argument("--config", default=CONFIG, help="run config: a file or a shipped recipe's name "
+                                                         "(default: tiny_cpu)")
     parser.add_argument("--output-dir", type=Path, default=Path("runs/demo"),
                         help="run folder, emptied first (default: runs/demo)")
     parser.add_argument("--max-steps", type=int, help="optimizer steps (default: the config's)")

@@ -7,7 +7,7 @@ HELP = "joint AR + block-diffusion training: build a self-speculative checkpoint
 def add_arguments(parser) -> None:
     from grpo.joint.train import fields
 
-    parser.add_argument("--config", default="configs/joint_tiny.yaml",
+    parser.add_argument("--config", default="joint_tiny",
                         help="YAML recipe of JointConfig keys (grpo/joint/train.py); 'extends: other.yaml' starts "
                              "from another recipe")
     fields().add_flags(parser)

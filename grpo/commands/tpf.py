@@ -12,13 +12,13 @@ HELP = "measure the drafter's tokens per forward (self-speculative or direct dif
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="tiny", help="checkpoint: a folder (full or LoRA), a hub id, or 'tiny' "
-                                                        "(default)")
+    parser.add_argument("--model", default="tiny", help="checkpoint: a folder (full or LoRA), a hub id, or a built-in "
+                                                        "name: tiny (default), tiny-vlm")
     from grpo.yaml_config import RenamedFlag
 
     pool = parser.add_mutually_exclusive_group(required=True)
     pool.add_argument("--pool", help="prompt pool: save_to_disk folder, .parquet, .jsonl or a built-in name "
-                                     "(e.g. tiny-probe)")
+                                     "(e.g. tiny-probe, tiny-vlm-probe)")
     pool.add_argument("--data", dest="pool", action=RenamedFlag, new="--pool", help=argparse.SUPPRESS)
     parser.add_argument("--limit", type=int, default=None, help="use the first N rows")
     parser.add_argument("--skip-bad", action="store_true", help="leave malformed pool rows out (listed) "

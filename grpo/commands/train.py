@@ -21,7 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--config", help="YAML recipe of config keys: TRL GRPOConfig fields, ours and TRL "
                                          "ModelConfig's LoRA/quantization fields (grpo/training/config.py); "
-                                         "'extends: other.yaml' starts from another recipe")
+                                         "'extends: other.yaml' starts from another recipe; a shipped recipe "
+                                         "by name: tiny_cpu, gravityocr_grpo, ...")
     trl_only = {f.name for f in dataclasses.fields(GRPOConfig)}
     ours = {f.name for t in (GravityGRPOConfig, GravityModelConfig) for f in dataclasses.fields(t)} - trl_only
     _fields().add_flags(parser, shown=ours | SHOWN_TRL_FIELDS)
@@ -32,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --dry-run: check the batch geometry for N processes on another cluster "
                              "(skips this machine's GPU checks)")
     parser.add_argument("--accelerate-config", default=None, metavar="FILE",
-                        help="with --dry-run: the accelerate launch config (default: the launcher's own)")
+                        help="with --dry-run: the accelerate launch config, a file or a shipped one's name "
+                             "(zero3, ...; default: the launcher's own)")
     parser.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
                         help="continue from the last checkpoint in the output dir (or from CHECKPOINT): "
                              "weights, optimizer, scheduler, RNG and TPF history")

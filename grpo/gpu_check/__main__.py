@@ -20,7 +20,7 @@ from pathlib import Path
 
 from grpo.gpu_check.steps import ALONE, SETTINGS, STEPS
 
-ROOT = Path(__file__).resolve().parents[2]
+CHECKOUT = Path.cwd()  # the runner starts in the checkout's root (`make gpu-check`, gpu/rehearsal.py)
 LOG_TAIL = 25  # lines of a step's log kept in the report
 
 
@@ -30,7 +30,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--wheels", type=Path, default=None,
                         help="folder of wheels to install first (pip --no-index --no-deps --target); "
                              "default: use this interpreter's packages as they are")
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "runs" / "gpu-check"),
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or CHECKOUT / "runs" / "gpu-check"),
                         help="where report.json and steps.log go (default: $OUT, else runs/gpu-check)")
     parser.add_argument("--only", nargs="+", default=None, metavar="STEP", help="run these steps alone")
     parser.add_argument("--list", action="store_true", help="print the steps and stop")
@@ -45,15 +45,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def install(wheels: Path, site: Path) -> dict:
-    """Install every wheel of `wheels` into `site` offline, as on the device; what was installed and how long."""
+    """Install every wheel of `wheels` into `site` offline, as on the device, then the checkout's two
+    distributions built by the carried setuptools (`pip install ./rewards .`, non-editable: the tiny checkpoints
+    and recipes ship inside); what was installed and how long."""
     files = sorted(wheels.glob("*.whl"))
     start = time.monotonic()
     if not files:
         return {"ok": False, "seconds": 0.0, "error": f"no wheels in {wheels}: run `make gpu-wheels` where PyPI is "
                                                       f"reachable, and carry the folder"}
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                           "--no-cache-dir", "--target", str(site), *map(str, files)],
-                          capture_output=True, text=True)
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
+           "--target", str(site)]
+    done = subprocess.run([*pip, *map(str, files)], capture_output=True, text=True)
+    if done.returncode == 0:
+        done = subprocess.run([*pip, "--no-build-isolation", str(CHECKOUT / "rewards"), str(CHECKOUT)],
+                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(site)})
     return {"ok": done.returncode == 0, "seconds": round(time.monotonic() - start, 1),
             "wheels": [f.name for f in files], "target": str(site),
             "error": None if done.returncode == 0 else (done.stdout + done.stderr).strip()[-2000:]}
@@ -65,7 +70,7 @@ def run_step(name: str, device: str, work: Path, env: dict, timeout: float) -> d
     start = time.monotonic()
     with log.open("w") as out:
         child = subprocess.Popen([sys.executable, "-m", "grpo.gpu_check.steps", name, "--device", device,
-                                  "--work", str(work)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                  "--work", str(work)], cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT,
                                  start_new_session=True)
         try:
             code = child.wait(timeout=timeout)
@@ -111,10 +116,10 @@ def main(argv: list[str] | None = None) -> int:
                 and all(e["ok"] for e in report["steps"])
             (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
 
-    paths = [str(ROOT / "rewards"), str(ROOT)]
-    if args.wheels is not None:
+    paths = [str(CHECKOUT / "rewards"), str(CHECKOUT)]
+    if args.wheels is not None:  # the steps run what was installed; the checkout only where that failed
         report["install"] = install(args.wheels, work / "site")
-        paths.insert(0, str(work / "site"))
+        paths = [str(work / "site")] + ([] if report["install"]["ok"] else paths)
     write()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
            "TOKENIZERS_PARALLELISM": "false"}

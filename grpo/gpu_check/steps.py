@@ -16,9 +16,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-TINY_VLM = ROOT / "data" / "tiny" / "vlm"
-VLM_DATA = {"model": str(TINY_VLM / "model"), "pool": str(TINY_VLM / "pool"), "probe_set": str(TINY_VLM / "probe")}
+VLM_DATA = {"model": "tiny-vlm", "pool": "tiny-vlm", "probe_set": "tiny-vlm-probe"}  # built-in names (grpo.builtin)
 # CUDA fp32 against CPU fp32, TF32 off: only the order of summation differs (the tiny GLM-OCR's logits are O(1))
 FP32_LOGIT_TOL = 1e-3
 # Per device: steps run at once (tiny models leave the H200 mostly idle; 2 CPU cores do not) and the seconds
@@ -44,19 +42,19 @@ class Run:
             raise StepFailed(message)
 
     def cli(self, *argv: str) -> None:
-        """`python3 -m grpo.cli ARGV` from the checkout; its output goes to this step's log."""
+        """`python3 -m grpo.cli ARGV` from the work folder; its output goes to this step's log."""
         print("$ python3 -m grpo.cli " + " ".join(argv), flush=True)
-        code = subprocess.run([sys.executable, "-m", "grpo.cli", *argv], cwd=ROOT).returncode
+        code = subprocess.run([sys.executable, "-m", "grpo.cli", *argv], cwd=self.work).returncode
         self.check(code == 0, f"`gravity-grpo {argv[0]}` exited with {code} (the log says why)")
 
     def train(self, config: str, name: str | None = None, resume: bool = False, **values) -> Path:
-        """`gravity-grpo train` of configs/`config` through TRL's own generation (no vLLM), bf16, gradient
+        """`gravity-grpo train` of the shipped recipe `config` through TRL's own generation (no vLLM), bf16, gradient
         checkpointing, with `values` on top; its output folder."""
         out = self.work / (name or self.name)
         values = {"use_vllm": False, "bf16": True, "gradient_checkpointing": True, "use_cpu": self.device == "cpu",
                   "output_dir": str(out), "report_to": "none", **values}
         sets = [arg for key, value in values.items() for arg in ("--set", f"{key}={json.dumps(value)}")]
-        self.cli("train", "--config", str(ROOT / "configs" / config), *sets, *(["--resume"] if resume else []))
+        self.cli("train", "--config", config, *sets, *(["--resume"] if resume else []))
         return out
 
     def history(self, out: Path, steps: int, probes: bool) -> None:
@@ -87,7 +85,7 @@ def environment(run: Run) -> None:
 
     run.figures["python"] = platform.python_version()
     for name in ("torch", "transformers", "trl", "datasets", "accelerate", "peft", "numpy", "numba", "rapidfuzz",
-                 "apted", "pylatexenc", "ocr_rewards", "grpo"):
+                 "pylatexenc", "ocr_rewards", "grpo"):
         module = importlib.import_module(name)
         run.figures[name] = {"version": getattr(module, "__version__", None), "from": str(Path(module.__file__).parent)}
     run.figures["cuda"] = torch.version.cuda
@@ -111,7 +109,7 @@ def vlm_forward(run: Run) -> None:
     from grpo.prompting import encode_prompt
 
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # fp32 means fp32 here
-    ckpt = load_checkpoint(TINY_VLM / "model")
+    ckpt = load_checkpoint(VLM_DATA["model"])
     inputs = encode_prompt(ckpt.processor, load_pool(VLM_DATA["probe_set"])[0], is_vlm=True)
     inputs.pop("token_type_ids", None)
     with torch.inference_mode():
@@ -158,23 +156,23 @@ TEXT_PROBE = {"probe_size": 12, "tpf_max_new_tokens": 96, "tpf_compare_ar": "alw
 
 def grpo_tiny_default(run: Run) -> None:
     """GRPO without vLLM on the tiny default: bf16, gradient checkpointing, 2 steps, probe at steps 0-2."""
-    run.history(run.train("tiny_cpu.yaml", max_steps=2, save_steps=2, tpf_every=1, **TEXT_PROBE), 2, probes=True)
+    run.history(run.train("tiny_cpu", max_steps=2, save_steps=2, tpf_every=1, **TEXT_PROBE), 2, probes=True)
 
 
 def grpo_tiny_glm_ocr(run: Run) -> None:
     """GRPO without vLLM on the tiny GLM-OCR with images: bf16, gradient checkpointing, 2 steps, probe 0-2."""
-    run.history(run.train("tiny_vlm_cpu.yaml", max_steps=2, save_steps=2, tpf_every=1, **VLM_DATA), 2, probes=True)
+    run.history(run.train("tiny_vlm_cpu", max_steps=2, save_steps=2, tpf_every=1, **VLM_DATA), 2, probes=True)
 
 
 def selfspec_rollouts(run: Run) -> None:
     """GRPO whose rollouts come from the self-speculative sampler (rollout_decoder selfspec), bf16, 1 step."""
-    run.history(run.train("tiny_cpu.yaml", rollout_decoder="selfspec", max_steps=1, save_steps=1, tpf_every=0),
+    run.history(run.train("tiny_cpu", rollout_decoder="selfspec", max_steps=1, save_steps=1, tpf_every=0),
                 1, probes=False)
 
 
 def drafter_loss_bf16(run: Run) -> None:
     """GRPO with the drafter loss (weight 1) in bf16, 1 step: the loss and its gradient are finite."""
-    out = run.train("tiny_cpu.yaml", drafter_loss_weight=1.0, max_steps=1, save_steps=1, tpf_every=0)
+    out = run.train("tiny_cpu", drafter_loss_weight=1.0, max_steps=1, save_steps=1, tpf_every=0)
     run.history(out, 1, probes=False)
     from grpo.evaluation.run_dir import RunDir
 
@@ -186,7 +184,7 @@ def drafter_loss_bf16(run: Run) -> None:
 
 def lora(run: Run) -> None:
     """LoRA GRPO on the tiny GLM-OCR with images (the probe decodes through peft's wrappers), 2 steps."""
-    out = run.train("tiny_vlm_cpu.yaml", use_peft=True, lora_r=8, lora_alpha=16, lora_dropout=0.0, max_steps=2,
+    out = run.train("tiny_vlm_cpu", use_peft=True, lora_r=8, lora_alpha=16, lora_dropout=0.0, max_steps=2,
                     save_steps=2, tpf_every=1, **VLM_DATA)
     run.history(out, 2, probes=True)
 
@@ -196,12 +194,12 @@ def checkpoint_resume(run: Run) -> None:
     from grpo.checkpoint import load_checkpoint
 
     values = dict(save_steps=1, tpf_every=0, **VLM_DATA)
-    out = run.train("tiny_vlm_cpu.yaml", max_steps=1, **values)
+    out = run.train("tiny_vlm_cpu", max_steps=1, **values)
     ckpt = load_checkpoint(out / "checkpoint-1", need_drafter=True)
     run.figures.update(is_vlm=ckpt.is_vlm, processor=type(ckpt.processor).__name__, bd_size=ckpt.bd.bd_size,
                        mask_id=ckpt.bd.mask_id)
     run.check(ckpt.is_vlm and run.figures["processor"] == "Glm46VProcessor", f"reloaded as {run.figures}")
-    run.train("tiny_vlm_cpu.yaml", resume=True, max_steps=2, **values)
+    run.train("tiny_vlm_cpu", resume=True, max_steps=2, **values)
     run.history(out, 2, probes=False)
     state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
     run.figures["resumed_global_step"] = state["global_step"]

@@ -55,15 +55,19 @@ class PreflightReport:
 
 
 def read_accelerate_config(path: str | Path | None) -> dict[str, Any]:
-    """The accelerate launch config at `path` (or the one the launcher was given, from its environment)."""
+    """The accelerate launch config at `path` (a file, or a shipped config's name: `zero3`), or the one the
+    launcher was given, from its environment."""
     import yaml
+
+    from grpo.builtin import ACCELERATE, recipe, recipes
 
     path = path or os.environ.get(_ACCELERATE_CONFIG_ENV)
     if not path:
         return {}
-    path = Path(path)
+    path = recipe(path, ACCELERATE)
     if not path.is_file():
-        raise ConfigError(f"accelerate config {path} does not exist")
+        raise ConfigError(f"accelerate config {path} does not exist (the shipped ones: "
+                          f"{', '.join(recipes(ACCELERATE))})")
     try:  # a damaged or non-mapping file is a ConfigError naming it
         text = path.read_text(encoding="utf-8-sig")
         raw = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)

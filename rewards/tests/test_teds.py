@@ -12,7 +12,7 @@ from helpers_anchors import omnidoc_elements, pubtabnet_pairs
 from ocr_rewards import teds
 from ocr_rewards.normalize import normalize_table_html
 from ocr_rewards.zhang_shasha import MAX_NODES, TreeTooLarge
-from ocr_rewards.teds_apted import teds_apted
+from teds_apted import teds_apted  # rewards/tests/teds_apted.py: the reference
 
 # anchors README: TEDS printed in PubTabNet's demo.ipynb, TEDS-struct computed with upstream metric.py
 PUBTABNET = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 from apted import APTED, Config
 from rapidfuzz.distance import Levenshtein
 
-from .teds import cell_tokens, find_table, span
+from ocr_rewards.teds import cell_tokens, find_table, span
 
 
 class _Node:
