@@ -151,6 +151,6 @@ def run(args: argparse.Namespace) -> int:
     if stats["truncated"]:
         console.print(f"{stats['truncated']} output(s) reached --max-new-tokens {args.max_new_tokens}", markup=False)
     if out is not None:
-        atomic_write(out, json.dumps(stats, indent=2) + "\n")
+        atomic_write(out, json.dumps(stats, indent=2) + "\n", replace=STAMP if args.overwrite else False)
         console.print(f"wrote {out}", markup=False)
     return 0
