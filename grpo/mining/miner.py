@@ -149,14 +149,17 @@ def mine(cfg: MineConfig, llm=None) -> dict:
     `llm`: a running vLLM engine of `cfg.model` to sample with (default: start one unless every prompt is
     already mined, or `cfg.hf_generate`).
     """
-    from grpo.pool import load_pool
+    from grpo.pool import load_pool, policy_mismatch
     from grpo.checkpoint import is_vlm_checkpoint, locate
 
     output_folder(cfg.output_dir, "output", kind="mining run (no mining/manifest.json)",
-                  is_own=lambda out: MiningStore(out).is_run(), inputs=[cfg.pool], setting="out")
+                  is_own=lambda out: MiningStore(out).is_run(), inputs=[cfg.pool, cfg.model], setting="out")
     source = locate(cfg.model)
     log.info("model: %s", source.describe())
     pool = load_pool(cfg.pool, skip_bad=cfg.skip_bad, index_column=INDEX)
+    problem = policy_mismatch(pool, f"prompt pool {cfg.pool}", is_vlm_checkpoint(source.model_dir))
+    if problem:
+        raise MiningError(problem)
     previous = [c for c in STAT_COLUMNS if c in pool.column_names]
     if previous:  # a mined pool mined again: its old statistics make way for the new ones
         pool = pool.remove_columns(previous)
