@@ -238,7 +238,8 @@ def check_output_dir(cfg: Any, resume: str | bool | None = None, overwrite: bool
     if resume and overwrite:
         raise ConfigError("resume continues the run in output_dir and overwrite replaces it: choose one",
                           setting="overwrite")
-    out = output_folder(cfg.output_dir, "output_dir", kind="GRPO run (no run_config.json)", is_own=is_own_run,
+    own = (lambda folder: True) if resume else is_own_run  # a resumed folder must hold checkpoints (below)
+    out = output_folder(cfg.output_dir, "output_dir", kind="GRPO run (no run_config.json)", is_own=own,
                         inputs=[cfg.pool, cfg.probe_set, cfg.model], overwrite=None if resume else overwrite,
                         setting="output_dir")
     if isinstance(resume, str):
