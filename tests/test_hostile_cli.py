@@ -563,7 +563,9 @@ def _earlier_run(folder: Path) -> Path:
     (["--max-steps", "-5"], "max_steps must be an integer >= 1 (or -1: by epochs), got -5"),
     (["--seed", str(10 ** 23)], "seed must be an integer in [0, 4294967295]"),
     (["--set", "epsilon_high=-1"], "epsilon_high must be a number >= 0, got -1.0"),
-    (["--set", "num_generations=1000000000"], "num_generations must be an integer in [2, 1024]"),
+    (["--set", "num_generations=2048", "--set", "generation_batch_size=2048"],
+     "num_generations must be an integer in [2, 1024], got 2048"),
+    (["--set", "num_generations=1000000000"], "must be divisible by num_generations (1000000000)"),
     (["--resume", "no/checkpoint-3"], "resume: no checkpoint folder no/checkpoint-3"),
     (["--set", "beta=0.1", "--set", "beta=0.2"], "command line: key 'beta' is set twice"),
 ])
@@ -582,7 +584,7 @@ def test_an_earlier_run_folder_is_refused_unless_resumed_or_overwritten(here, ca
     _earlier_run(here / "run")
     for extra in ([], ["--dry-run"]):
         _refused_untouched(capsys, here, ["train", "--config", RECIPE, "--out", "run", *extra],
-                           "output_dir run exists and is not empty", "(flag --overwrite)")
+                           "output_dir run exists and is not empty; choose a new folder, or overwrite it")
     (here / "mine").mkdir()
     (here / "mine" / "notes.md").write_text("not a run")
     _refused_untouched(capsys, here, ["train", "--config", RECIPE, "--out", "mine", "--overwrite"],
@@ -652,7 +654,7 @@ def test_joint_never_writes_over_its_input_or_a_user_folder(here, capsys):
     shutil.copytree(TINY, here / "m")
     (here / "u").mkdir()
     (here / "u" / "config.json").write_text("{}")
-    base = ["joint", "--config", JOINT_RECIPE, "--joint-steps", "1"]
+    base = ["joint", "--config", JOINT_RECIPE, "--ar-steps", "0", "--joint-steps", "1", "--stop-at-step", "0"]
     _refused_untouched(capsys, here, [*base, "--model", "m", "--out", "m"], "output_dir m is the input m")
     _refused_untouched(capsys, here, [*base, "--model", "m", "--out", "m/inner"], "lies inside the input m")
     _refused_untouched(capsys, here, [*base, "--out", "u"], "output_dir u is not empty and holds no joint checkpoint")
@@ -670,7 +672,7 @@ def test_tpf_drift_writes_only_into_its_own_places(here, capsys):
     (here / "mine").mkdir()
     (here / "mine" / "a.txt").write_text("mine")
     for out, culprit in (("run/checkpoint-4", "--out run/checkpoint-4 lies inside the input run"),
-                         (str(TINY), f"--out {TINY} is the input tiny"),
+                         (str(TINY), f"--out {TINY} is not empty and holds no tpf_drift_checkpoints"),
                          ("mine", "--out mine is not empty and holds no tpf_drift_checkpoints output"),
                          (".", "holds the input")):
         _refused_untouched(capsys, here, ["tpf-drift", "run", "--out", out], culprit)
