@@ -584,7 +584,7 @@ def test_an_earlier_run_folder_is_refused_unless_resumed_or_overwritten(here, ca
     _earlier_run(here / "run")
     for extra in ([], ["--dry-run"]):
         _refused_untouched(capsys, here, ["train", "--config", RECIPE, "--out", "run", *extra],
-                           "output_dir run exists and is not empty; choose a new folder, or overwrite it")
+                           "output_dir run holds an earlier run: resume it, overwrite it")
     (here / "mine").mkdir()
     (here / "mine" / "notes.md").write_text("not a run")
     _refused_untouched(capsys, here, ["train", "--config", RECIPE, "--out", "mine", "--overwrite"],

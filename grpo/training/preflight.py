@@ -238,6 +238,10 @@ def check_output_dir(cfg: Any, resume: str | bool | None = None, overwrite: bool
     if resume and overwrite:
         raise ConfigError("resume continues the run in output_dir and overwrite replaces it: choose one",
                           setting="overwrite")
+    folder = Path(cfg.output_dir)
+    if not (resume or overwrite) and folder.is_dir() and not folder.is_symlink() and is_own_run(folder):
+        raise ConfigError(f"output_dir {cfg.output_dir} holds an earlier run: resume it, overwrite it (nothing of "
+                          "it is kept), or choose a new folder", setting="overwrite")
     own = (lambda folder: True) if resume else is_own_run  # a resumed folder must hold checkpoints (below)
     out = output_folder(cfg.output_dir, "output_dir", kind="GRPO run (no run_config.json)", is_own=own,
                         inputs=[cfg.pool, cfg.probe_set, cfg.model], overwrite=None if resume else overwrite,

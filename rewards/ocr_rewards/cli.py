@@ -33,11 +33,11 @@ def boundary(run: Callable[[], int], verbose: bool, hint: Callable[[UserError], 
     """`run()`'s exit code; a `UserError` is one `error:` line (and `hint(err)`), exit 2; Ctrl-C one line, 130;
     a closed stdout (`| head`) ends quietly; anything else is a crash: its traceback, exit 70.
 
-    Python warnings of the libraries are held until the command ends: after a user error they are dropped
-    (shown with `verbose`), so the `error:` line is all a refused command prints; otherwise they follow."""
+    Python warnings of the libraries are held until the command ends and shown only with `verbose` or after a
+    crash, so the `error:` line is all a refused command prints and a run prints its results alone."""
     with warnings.catch_warnings(record=True) as caught:
         code = _outcome(run, verbose, hint)
-    if code != USER_ERROR_EXIT or verbose:
+    if verbose or code == CRASH_EXIT:
         for w in caught:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     return code
