@@ -169,9 +169,10 @@ def protected_kind(folder: Path) -> str | None:
 
 
 def check_place(path: Path, name: str, inputs: Iterable[str | Path], setting: str | None = None, *,
-                holding: bool = False) -> None:
+                holding: bool = False, within: Path | None = None) -> None:
     """Refuse `path` when it is an input, holds one (unless `holding`: a folder the command only adds files to)
-    or lies inside one, or lies inside a protected folder."""
+    or lies inside one, or lies inside a protected folder other than `within` (the run folder a command
+    reports on, say)."""
     target = path.resolve()
     for given in inputs:
         source = Path(given)
@@ -183,7 +184,7 @@ def check_place(path: Path, name: str, inputs: Iterable[str | Path], setting: st
         if relation:
             raise UserError(f"{name} {path} {relation} the input {given}; choose another output", setting=setting)
     for folder in target.parents:
-        kind = protected_kind(folder)
+        kind = protected_kind(folder) if within is None or folder != Path(within).resolve() else None
         if kind:
             raise UserError(f"{name} {path} lies inside the {kind} {folder}; choose another output",
                             setting=setting)
@@ -230,7 +231,7 @@ def output_file(value: str | Path | None, name: str, *, stamp: str, inputs: Iter
 
 def output_folder(value: str | Path, name: str, *, kind: str, is_own: Callable[[Path], bool] | None = None,
                   stamp: str | None = None, inputs: Iterable[str | Path] = (), overwrite: bool | None = None,
-                  setting: str | None = None) -> Path:
+                  setting: str | None = None, within: Path | None = None) -> Path:
     """The folder output `name` names, checked as the module docstring says.
 
     A non-empty folder is accepted only when it is the command's own: `is_own(folder)` (a parsed marker of the
@@ -243,7 +244,7 @@ def output_folder(value: str | Path, name: str, *, kind: str, is_own: Callable[[
     _no_link(path, text, name, setting)
     if path.exists() and not path.is_dir():
         raise UserError(f"{name} {text} is a file, not a folder", setting=setting)
-    check_place(path, name, inputs, setting)
+    check_place(path, name, inputs, setting, within=within)
     own = is_own or (lambda folder: owns_folder(folder, stamp))
     if path.is_dir() and any(path.iterdir()):
         if not own(path):

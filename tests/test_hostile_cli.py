@@ -671,7 +671,8 @@ def test_tpf_drift_writes_only_into_its_own_places(here, capsys):
     shutil.copytree(TINY, run / "checkpoint-4")
     (here / "mine").mkdir()
     (here / "mine" / "a.txt").write_text("mine")
-    for out, culprit in (("run/checkpoint-4", "--out run/checkpoint-4 lies inside the input run"),
+    for out, culprit in (("run/checkpoint-4", "--out run/checkpoint-4 is the input"),
+                         ("run/checkpoint-4/x", "--out run/checkpoint-4/x lies inside the input"),
                          (str(TINY), f"--out {TINY} is not empty and holds no tpf_drift_checkpoints"),
                          ("mine", "--out mine is not empty and holds no tpf_drift_checkpoints output"),
                          (".", "holds the input")):

@@ -24,8 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_out(args: argparse.Namespace, run_dir) -> Path:
     """The folder the drift files go to (`grpo.outputs`): the run folder itself, or a folder of tpf-drift's
-    own, never a checkpoint, the run's model or a folder holding them; earlier drift files only with
-    --overwrite."""
+    own (inside the run folder or elsewhere), never inside a checkpoint or the run's model, nor a folder
+    holding the run; earlier drift files only with --overwrite."""
     from grpo.errors import UserError
     from grpo.outputs import output_folder
 
@@ -37,9 +37,11 @@ def check_out(args: argparse.Namespace, run_dir) -> Path:
                             setting="overwrite")
         return run_dir.path
     model = run_dir.read_config().get("model")
-    inputs = [run_dir.path, *(folder for _, folder in run_dir.checkpoints()), *([model] if model else [])]
+    inputs = [*(folder for _, folder in run_dir.checkpoints()), *([model] if model else [])]
+    if run_dir.path.resolve() not in args.out.resolve().parents:  # a folder beside the run may not hold it
+        inputs.append(run_dir.path)
     return output_folder(args.out, "--out", kind=f"{OUT_NAME} output", stamp=STAMP, inputs=inputs,
-                         overwrite=args.overwrite)
+                         overwrite=args.overwrite, within=run_dir.path)
 
 
 def run(args: argparse.Namespace) -> int:
