@@ -239,12 +239,14 @@ def check_output_dir(cfg: Any, resume: str | bool | None = None, overwrite: bool
         raise ConfigError("resume continues the run in output_dir and overwrite replaces it: choose one",
                           setting="overwrite")
     folder = Path(cfg.output_dir)
-    if not (resume or overwrite) and folder.is_dir() and not folder.is_symlink() and is_own_run(folder):
+    # the main process judges what the folder holds; the others would see what it has written meanwhile
+    judged = getattr(cfg, "process_index", 0) == 0 and not resume  # a resumed folder must hold checkpoints
+    if judged and not overwrite and folder.is_dir() and not folder.is_symlink() and is_own_run(folder):
         raise ConfigError(f"output_dir {cfg.output_dir} holds an earlier run: resume it, overwrite it (nothing of "
                           "it is kept), or choose a new folder", setting="overwrite")
-    own = (lambda folder: True) if resume else is_own_run  # a resumed folder must hold checkpoints (below)
-    out = output_folder(cfg.output_dir, "output_dir", kind="GRPO run (no run_config.json)", is_own=own,
-                        inputs=[cfg.pool, cfg.probe_set, cfg.model], overwrite=None if resume else overwrite,
+    out = output_folder(cfg.output_dir, "output_dir", kind="GRPO run (no run_config.json)",
+                        is_own=is_own_run if judged else (lambda folder: True),
+                        inputs=[cfg.pool, cfg.probe_set, cfg.model], overwrite=overwrite if judged else None,
                         setting="output_dir")
     if isinstance(resume, str):
         if not Path(resume).is_dir():
