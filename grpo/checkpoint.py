@@ -171,12 +171,14 @@ def locate(spec: str | Path) -> ModelSource:
         path = _from_hub(text)
     if not (path / "config.json").is_file():
         if (path / ADAPTER_CONFIG).is_file():
+            _check_weights(path)
             source = ModelSource(text, path, base=_lora_base(path).model_dir, hub=hub)
             _refuse_looped(source)
             return source
         hint = f" (the built-in names: {', '.join(MODELS)})" if text in MODELS else ""
         raise CheckpointError(f"model {text!r}: no Hugging Face checkpoint at {path} (config.json missing){hint}")
-    read_json_object(path / "config.json", CheckpointError)  # a damaged one is named before any loader reads it
+    _check_config(path / "config.json")  # a damaged one is named before any loader reads it
+    _check_weights(path)
     source = ModelSource(text, path, hub=hub)
     _refuse_looped(source)
     return source
@@ -200,12 +202,53 @@ def _from_hub(repo_id: str) -> Path:
                               f"{str(err).splitlines()[0]}") from None
 
 
+def _check_config(path: Path) -> None:
+    """A `config.json` that is a JSON object holding no NaN or infinity (JSON has neither; a loader would take
+    them as numbers and compute garbage), else a `CheckpointError` naming the file and the field."""
+    import math
+
+    def walk(value, where: str) -> str | None:
+        if isinstance(value, float) and not math.isfinite(value):
+            return where
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        return next((w for k, v in items if (w := walk(v, f"{where}.{k}" if where else str(k)))), None)
+
+    bad = walk(read_json_object(path, CheckpointError), "")
+    if bad:
+        raise CheckpointError(f"{path}: field {bad!r} is not a finite number (NaN or infinity)")
+
+
+def _check_weights(folder: Path) -> None:
+    """Every `*.safetensors` file in `folder` whole: its header parses and its tensors end where the file does
+    (a truncated download or copy is named before a loader fails on it)."""
+    for path in sorted(folder.glob("*.safetensors")):
+        size = path.stat().st_size
+        try:
+            with open(path, "rb") as f:
+                length = int.from_bytes(f.read(8), "little")
+                if size < 8 or length > size - 8:
+                    raise ValueError("the header runs past the end of the file")
+                header = json.loads(f.read(length))
+            ends = [t["data_offsets"][1] for name, t in header.items() if name != "__metadata__"]
+        except (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError, RecursionError) as err:
+            raise CheckpointError(f"{path}: damaged weights file (not a readable safetensors header: "
+                                  f"{str(err)[:80]})") from None
+        if 8 + length + max(ends, default=0) != size:
+            raise CheckpointError(f"{path}: damaged weights file ({size:,} bytes, its header describes "
+                                  f"{8 + length + max(ends, default=0):,}: truncated or padded)")
+
+
 def _lora_base(folder: Path) -> ModelSource:
     path = folder / ADAPTER_CONFIG
     base = read_json_object(path, CheckpointError).get("base_model_name_or_path")
-    if not base:
+    if not base or not isinstance(base, str):
         raise CheckpointError(f"{path}: field 'base_model_name_or_path' is empty: the LoRA adapters name no base "
                               "model to merge into")
+    base_path = TINY_MODEL if base == "tiny" else Path(base)
+    if not (base_path / "config.json").is_file() and (base_path / ADAPTER_CONFIG).is_file():
+        itself = base_path.resolve() == folder.resolve()
+        raise CheckpointError(f"{path}: the base {base!r} is " + ("this adapter folder itself" if itself else
+                              "itself a LoRA checkpoint; merge it first"))
     source = locate(base)
     if source.base is not None:
         raise CheckpointError(f"{path}: the base {base!r} is itself a LoRA checkpoint; merge it first")

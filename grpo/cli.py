@@ -59,7 +59,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 def flag_hint(parser: argparse.ArgumentParser, setting: str | None) -> str:
     """` (flag --skip-bad)` when the command has a flag for the library setting `setting`, else ``."""
-    flags = [a.option_strings[-1] for a in parser._actions if a.dest == setting and a.option_strings]
+    flags = [a.option_strings[0] for a in parser._actions if a.dest == setting and a.option_strings]
     return f" (flag {flags[0]})" if flags else ""
 
 

@@ -35,8 +35,10 @@ from typing import Any, Callable
 
 from grpo.evaluation import stats as compare_stats
 from grpo.evaluation.run_dir import RunDir
+from grpo.outputs import mark
 
 EVAL_FILE, START_FILE, REPORT_FILE, PLOT_FILE = "eval.json", "start.json", "compare.json", "compare.png"
+STAMP = "gravity-grpo compare"  # the marker of a comparison folder (grpo.outputs)
 TRAINED_FILE = "wall_time.json"  # the trainer writes it once training has finished
 DEFAULT_PROBE = {"probe_set": "tiny-probe", "probe_size": 60, "max_new_tokens": 192}
 
@@ -110,14 +112,15 @@ def run_one(arm: Arm, seed: int, out: Path, common: dict, probe: dict, log: Call
     if not (folder / TRAINED_FILE).is_file():
         if folder.exists():
             shutil.rmtree(folder)  # an interrupted run: train again from scratch
-        folder.mkdir(parents=True)
-        log(f"{arm.name} seed {seed}: training ({folder}/train.log)")
-        with open(folder / "train.log", "w") as stream:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        train_log = folder.with_name(f"{folder.name}.train.log")  # beside the run folder, which train creates
+        log(f"{arm.name} seed {seed}: training ({train_log})")
+        with open(train_log, "w") as stream:
             result = subprocess.run(train_command(arm, seed, folder, common), stdout=stream,
                                     stderr=subprocess.STDOUT, env=os.environ.copy())
         if result.returncode:
             raise RuntimeError(f"{arm.name} seed {seed}: training failed (exit {result.returncode}); see "
-                               f"{folder}/train.log")
+                               f"{train_log}")
     log(f"{arm.name} seed {seed}: evaluating the last checkpoint")
     rows = evaluate(final_checkpoint(folder), **probe)
     _write(done, rows)
@@ -192,7 +195,7 @@ def run_comparison(arms: list[Arm], seeds: list[int], out: str | Path, *, common
     if len({a.name for a in arms}) != len(arms) or not arms:
         raise ValueError("arms need distinct names")
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    mark(out, STAMP)  # `grpo.outputs.output_folder` knows it as this command's own, to resume
     probe = {**DEFAULT_PROBE, **(probe or {})}
     results: dict[str, dict[int, list[dict]]] = {a.name: {} for a in arms}
     if report_only:

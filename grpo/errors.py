@@ -3,6 +3,6 @@
 Raise a `UserError` subclass for anything the user asked that cannot run; `grpo.cli.main` prints its one
 line and exits 2.
 """
-from ocr_rewards.errors import MissingFileError, UserError
+from ocr_rewards.errors import MissingFileError, UserError, quoted
 
-__all__ = ["MissingFileError", "UserError"]
+__all__ = ["MissingFileError", "UserError", "quoted"]

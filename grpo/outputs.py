@@ -4,18 +4,25 @@
 - is one of the command's inputs, holds one, or lies inside one;
 - lies inside a dataset folder, a checkpoint folder, a mining output or a run folder that is not the
   command's own output (`protected_kind`);
-- is an existing file that does not carry the command's `stamp` (a file it did not make), or a non-empty
-  folder that `is_own` does not recognize; one of its own kind is replaced only with `overwrite`;
+- is a symbolic link (a dangling one too): the write would land where the link points;
+- is an existing file or a non-empty folder that is not provably the command's own: a file of its own carries
+  `"written_by": STAMP` as a JSON key or the PNG text `Software: STAMP` (`owns_file`, parsed, never searched
+  for), a folder of its own holds the `MARKER` file naming the command (`mark`, `owns_folder`); one of its
+  own is replaced only with `overwrite`;
 - is not a regular file or folder, or a file whose folder does not exist.
-Writers then replace whole: `atomic_write` (a temporary name, fsync, rename) and `set_aside` (the old folder
-kept until the new one is complete), so an interrupted run leaves the old output.
+Writers then replace whole: `written`/`atomic_write` (a temporary name, fsync, then the move) and `set_aside`
+(the old folder kept until the new one is complete), so an interrupted run leaves the old output. The move of
+an output never replaces a file that appeared after the check (`publish`).
 
 Example:
     >>> out = output_file("stats.json", "--out", stamp="gravity-grpo tpf")     # doctest: +SKIP
+    >>> atomic_write(out, text, replace=False)                                  # doctest: +SKIP
 """
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
 import os
 import shutil
 from collections.abc import Callable, Iterable
@@ -23,7 +30,8 @@ from pathlib import Path
 
 from grpo.errors import UserError
 
-STAMP_BYTES = 4096  # a file of our own carries its stamp in its first bytes (a JSON key, a PNG text chunk)
+MARKER = ".gravity-grpo.json"  # in each output folder a command made: {"written_by": "gravity-grpo <command>"}
+MAX_OWN_BYTES = 64 << 20  # a file of our own is small (stats, reports); a larger one is not parsed, hence not ours
 
 
 def temporary(path: Path, kind: str = "tmp") -> Path:
@@ -33,20 +41,97 @@ def temporary(path: Path, kind: str = "tmp") -> Path:
 
 def temporary_file(path: Path) -> Path:
     """`temporary(path)` for a file about to replace `path`; a `path` that exists but is no regular file (a
-    device such as /dev/null, a fifo, a folder) is refused: the rename would replace it."""
-    if path.exists() and not path.is_file():
+    device such as /dev/null, a fifo, a folder, a link) is refused: the rename would replace it."""
+    if path.is_symlink() or (path.exists() and not path.is_file()):
         raise UserError(f"{path} exists and is not a regular file; refusing to replace it")
     return temporary(path)
 
 
-def atomic_write(path: Path, text: str) -> None:
-    """Write, fsync, then rename: a reader (or a rerun after SIGKILL) sees the whole file or none."""
+def owns_file(path: Path, stamp: str) -> bool:
+    """True when the regular file `path` was written by the command `stamp`: its PNG text `Software` or its
+    JSON object's `written_by` is exactly `stamp` (parsed; a file merely mentioning the command is not)."""
+    path = Path(path)
+    if path.is_symlink() or not path.is_file() or path.stat().st_size > MAX_OWN_BYTES:
+        return False
+    with open(path, "rb") as f:
+        data = f.read(MAX_OWN_BYTES)
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        import io
+
+        from PIL import Image
+
+        try:
+            with Image.open(io.BytesIO(data)) as image:
+                return getattr(image, "text", {}).get("Software") == stamp
+        except (OSError, ValueError, SyntaxError):
+            return False
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    return isinstance(value, dict) and value.get("written_by") == stamp
+
+
+def owns_folder(folder: Path, stamp: str) -> bool:
+    """True when `folder` holds the `MARKER` that the command `stamp` left in it (`mark`)."""
+    return owns_file(Path(folder) / MARKER, stamp)
+
+
+def mark(folder: Path, stamp: str) -> None:
+    """Leave the `MARKER` of the command `stamp` in `folder` (created if need be): later runs know it as its own."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write(folder / MARKER, json.dumps({"written_by": stamp}) + "\n")
+
+
+def publish(tmp: Path, path: Path, replace: bool | str) -> None:
+    """Move the complete file `tmp` to `path`. `replace` True: whatever is there goes (a file inside the
+    command's own folder); False: only a new name is taken (a file that appeared since the check is kept, and
+    `tmp` removed); a stamp: only a file that stamp wrote is replaced (`--overwrite` of a checked output)."""
+    if replace is True:
+        os.replace(tmp, path)
+        return
+    if os.path.lexists(path):
+        if isinstance(replace, str) and owns_file(path, replace):
+            os.replace(tmp, path)
+            return
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"{path} appeared while the command ran and was not written by it; it is kept, and "
+                        "this output was not written (run again with another output)")
+    try:
+        os.link(tmp, path)  # fails, unlike a rename, when a file of that name appeared meanwhile
+    except FileExistsError:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"{path} appeared while the command ran; it is kept, and this output was not written "
+                        "(run again with another output)") from None
+    except OSError as err:
+        if err.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            raise
+        os.replace(tmp, path)  # a file system without hard links: the check just above is the last word
+        return
+    tmp.unlink()
+
+
+@contextlib.contextmanager
+def written(path: Path, replace: bool | str = True):
+    """Yield the temporary name to write `path` under; when the block succeeds, `publish` it with `replace`.
+    A failed block removes the temporary file and leaves `path` as it was."""
+    path = Path(path)
     tmp = temporary_file(path)
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        yield tmp
+        publish(tmp, path, replace)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write(path: Path, text: str, replace: bool | str = True) -> None:
+    """Write, fsync, then `publish`: a reader (or a rerun after SIGKILL) sees the whole file or none."""
+    with written(path, replace) as tmp:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
 
 
 @contextlib.contextmanager
@@ -84,9 +169,10 @@ def protected_kind(folder: Path) -> str | None:
 
 
 def check_place(path: Path, name: str, inputs: Iterable[str | Path], setting: str | None = None, *,
-                holding: bool = False) -> None:
+                holding: bool = False, within: Path | None = None) -> None:
     """Refuse `path` when it is an input, holds one (unless `holding`: a folder the command only adds files to)
-    or lies inside one, or lies inside a protected folder."""
+    or lies inside one, or lies inside a protected folder other than `within` (the run folder a command
+    reports on, say)."""
     target = path.resolve()
     for given in inputs:
         source = Path(given)
@@ -98,23 +184,31 @@ def check_place(path: Path, name: str, inputs: Iterable[str | Path], setting: st
         if relation:
             raise UserError(f"{name} {path} {relation} the input {given}; choose another output", setting=setting)
     for folder in target.parents:
-        kind = protected_kind(folder)
+        kind = protected_kind(folder) if within is None or folder != Path(within).resolve() else None
         if kind:
             raise UserError(f"{name} {path} lies inside the {kind} {folder}; choose another output",
                             setting=setting)
 
 
+def _no_link(path: Path, text: str, name: str, setting: str | None) -> None:
+    """Refuse an output that is a symbolic link, a dangling one too (the write would land where it points)."""
+    if path.is_symlink():
+        raise UserError(f"{name} {text} is a symbolic link; give the real path (nothing is written through a link)",
+                        setting=setting)
+
+
 def output_file(value: str | Path | None, name: str, *, stamp: str, inputs: Iterable[str | Path] = (),
                 suffix: str | None = None, overwrite: bool = False, setting: str | None = None) -> Path | None:
     """The file output `name` names (a flag, or a word with the library `setting`), checked as the module
-    docstring says; None when not given. `stamp` is the text that every file of this kind written by the
-    command holds in its first `STAMP_BYTES`.
+    docstring says; None when not given. `stamp` names the command (`owns_file`); write the file with
+    `atomic_write(path, text, replace=stamp if overwrite else False)`.
     """
     if value is None:
         return None
     text, path = str(value), Path(value)
     if not text.strip() or text.endswith(("/", "\\")) or path.name in ("", ".", ".."):
         raise UserError(f"{name} {text!r}: give a file path", setting=setting)
+    _no_link(path, text, name, setting)
     if path.is_dir():
         raise UserError(f"{name} {text} is a folder; give a file path", setting=setting)
     if path.exists() and not path.is_file():
@@ -126,9 +220,7 @@ def output_file(value: str | Path | None, name: str, *, stamp: str, inputs: Iter
                         setting=setting)
     check_place(path, name, inputs, setting)
     if path.exists():
-        with open(path, "rb") as f:
-            ours = stamp.encode() in f.read(STAMP_BYTES)
-        if not ours:
+        if not owns_file(path, stamp):
             raise UserError(f"{name} {text} exists and was not written by {stamp}; choose a new file",
                             setting=setting)
         if not overwrite:
@@ -137,22 +229,25 @@ def output_file(value: str | Path | None, name: str, *, stamp: str, inputs: Iter
     return path
 
 
-def output_folder(value: str | Path, name: str, *, kind: str, is_own: Callable[[Path], bool],
-                  inputs: Iterable[str | Path] = (), overwrite: bool | None = None,
-                  setting: str | None = None) -> Path:
+def output_folder(value: str | Path, name: str, *, kind: str, is_own: Callable[[Path], bool] | None = None,
+                  stamp: str | None = None, inputs: Iterable[str | Path] = (), overwrite: bool | None = None,
+                  setting: str | None = None, within: Path | None = None) -> Path:
     """The folder output `name` names, checked as the module docstring says.
 
-    A non-empty folder is accepted only when `is_own(folder)` (it holds a `kind`, this command's output),
-    and then only with `overwrite`, unless `overwrite` is None (a command that resumes its own output).
+    A non-empty folder is accepted only when it is the command's own: `is_own(folder)` (a parsed marker of the
+    command's own kind), or by default `owns_folder(folder, stamp)`; and then only with `overwrite`, unless
+    `overwrite` is None (a command that resumes its own output).
     """
     text, path = str(value), Path(value)
     if not text.strip():
         raise UserError(f"{name} {text!r}: give a folder path", setting=setting)
+    _no_link(path, text, name, setting)
     if path.exists() and not path.is_dir():
         raise UserError(f"{name} {text} is a file, not a folder", setting=setting)
-    check_place(path, name, inputs, setting)
+    check_place(path, name, inputs, setting, within=within)
+    own = is_own or (lambda folder: owns_folder(folder, stamp))
     if path.is_dir() and any(path.iterdir()):
-        if not is_own(path):
+        if not own(path):
             raise UserError(f"{name} {text} is not empty and holds no {kind}; choose a new or empty folder",
                             setting=setting)
         if overwrite is False:

@@ -33,6 +33,10 @@ from ocr_rewards.scoring import check_reference, task_problem
 log = logging.getLogger(__name__)
 
 REQUIRED_COLUMNS = ("prompt", "target", "task_type")
+# A prompt longer than this is a bad row before any tokenizer sees it: a token spans a few characters, so it
+# holds far more tokens than any model's context (131,072 at most among those served here), and tokenizing
+# tens of megabytes would keep a dry run silent for minutes.
+MAX_PROMPT_CHARS = 1_048_576
 FORMATS = "a save_to_disk folder, .parquet, .jsonl or a built-in split name"
 
 
@@ -111,6 +115,17 @@ def load_pool(spec: str, skip_bad: bool = False, index_column: str | None = None
             ds = ds.remove_columns(index_column)
         ds = ds.add_column(index_column, keep)
     return ds
+
+
+def policy_mismatch(ds, spec: str, is_vlm: bool) -> str | None:
+    """Why the pool `ds` (named `spec`) does not suit a policy (vision-language or text-only), or None: the one
+    image check of every command that decodes a pool (train, tpf, mine)."""
+    if is_vlm and "image" not in ds.column_names:
+        return f"{spec}: a vision-language policy needs an image column; this pool is text-only"
+    if not is_vlm and "image" in ds.column_names:
+        return (f"{spec}: the pool has images but the policy is text-only (it would never see them); use a "
+                "vision-language checkpoint or a text pool")
+    return None
 
 
 def as_prompts(ds, is_vlm: bool):
@@ -307,6 +322,8 @@ def _row_problem(row: dict, base_dir: Path, has_image: bool) -> str | None:
             reasons.append(f"{column} is not a string ({value!r:.40})")
         elif not value.strip():
             reasons.append(f"empty {column}")
+        elif column == "prompt" and len(value) > MAX_PROMPT_CHARS:
+            reasons.append(f"prompt of {len(value):,} characters is over the limit of {MAX_PROMPT_CHARS:,}")
         elif column == "target":
             try:
                 check_reference(value)

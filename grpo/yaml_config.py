@@ -27,7 +27,7 @@ from pathlib import Path
 from collections.abc import Hashable
 from typing import Any
 
-from grpo.errors import UserError
+from grpo.errors import UserError, quoted
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,9 @@ EXTENDS = "extends"  # recipe key: the recipe (path relative to this file) whose
 # is read there, as `extends:` is; any other value (a built-in name, a hub id) stays as written. Values given on
 # the command line stay relative to the current directory.
 INPUT_KEYS = ("model", "pool", "probe_set")
+# Every command names its output `--out` (file or folder); a config's `output_dir` field keeps its own spellings
+# (`--output-dir`, `--output_dir`) as aliases.
+OUTPUT_FIELD, OUTPUT_FLAG = "output_dir", "--out"
 
 
 class RenamedFlag(argparse.Action):
@@ -67,17 +70,18 @@ def read_recipe(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, An
 
     path = recipe(path)
     if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist (the shipped recipes: {', '.join(recipes())})")
+        raise ConfigError(f"config file {path} does not exist (the shipped recipes: {', '.join(recipes())})"
+                          if not path.exists() else f"config file {path} is not a regular file (a folder or a device)")
     if path.resolve() in _chain:
         raise ConfigError(f"{path}: 'extends' makes a loop ({' -> '.join(str(p) for p in (*_chain, path))})")
     try:
         raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_unique_key_loader()) or {}
     except _DuplicateKey as err:
         raise ConfigError(f"{path}: {err}; give each key once") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as err:  # a non-UTF-8 file too
-        raise ConfigError(f"{path}: not valid YAML ({_yaml_problem(err)})") from err
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from err
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as err:  # a non-UTF-8 file too
+        raise ConfigError(f"{path}: not valid YAML ({_yaml_problem(err)})") from None
+    except OSError as err:  # a folder, a device, a file without read permission
+        raise ConfigError(f"{path}: cannot be read ({err.strerror or err})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of config keys, got {type(raw).__name__}")
     for key in INPUT_KEYS:
@@ -88,7 +92,7 @@ def read_recipe(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, An
     if parent is None:
         return raw
     if not isinstance(parent, str) or not parent:
-        raise ConfigError(f"{path}: '{EXTENDS}' must name one recipe file, got {parent!r}")
+        raise ConfigError(f"{path}: '{EXTENDS}' must name one recipe file, got {quoted(parent)}")
     return {**read_recipe(path.parent / parent, (*_chain, path.resolve())), **raw}
 
 
@@ -108,7 +112,7 @@ def _unique_key_loader():
                 if not isinstance(key, Hashable):
                     continue  # SafeLoader refuses it below, with its line
                 if key in seen:
-                    raise _DuplicateKey(f"line {key_node.start_mark.line + 1}: key {key!r} appears twice")
+                    raise _DuplicateKey(f"line {key_node.start_mark.line + 1}: key {quoted(key)} appears twice")
                 seen.add(key)
             return super().construct_mapping(node, deep=deep)
 
@@ -117,6 +121,8 @@ def _unique_key_loader():
 
 def _yaml_problem(err) -> str:
     """A YAML parse error on one line: `line L, column C: context, problem`."""
+    if isinstance(err, RecursionError):
+        return "nested too deeply"
     mark, problem = getattr(err, "problem_mark", None), getattr(err, "problem", None)
     if mark is None or problem is None:
         return " ".join(str(err).split())
@@ -188,7 +194,7 @@ class Fields:
         if key not in self.actions:
             close = difflib.get_close_matches(str(key), self.known, n=3)
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
-            raise ConfigError(f"{source}: unknown config key {key!r}{hint}")
+            raise ConfigError(f"{source}: unknown config key {quoted(key)}{hint}")
         return key
 
     def typed(self, key: str, value: Any, source: str) -> Any:
@@ -207,7 +213,7 @@ class Fields:
     @staticmethod
     def _scalar(key: str, action: argparse.Action, value: Any, source: str) -> Any:
         kind = action.type
-        bad = ConfigError(f"{source}: {key} must be {_kind(action)}, got {value!r}")
+        bad = ConfigError(f"{source}: {key} must be {_kind(action)}, got {quoted(value)}")
         if isinstance(value, str):
             try:
                 out = kind(value)
@@ -234,6 +240,7 @@ class Fields:
         """A flag per field (`--name-with-dashes` and `--name`, as HfArgumentParser spells them) and per alias,
         each storing its text under the field's (alias's) name only when given; help is printed for the fields in
         `shown` (all when None), the others are accepted silently."""
+        taken = set()
         for action in self.flags:
             visible = shown is None or action.dest in shown
             kwargs: dict[str, Any] = {"dest": action.dest, "default": argparse.SUPPRESS,
@@ -242,10 +249,15 @@ class Fields:
                 kwargs.update(action="store_const", const=action.const)
             else:
                 kwargs.update(nargs=action.nargs, const=action.const, metavar=action.dest.upper())
-            parser.add_argument(*sorted(action.option_strings, key=lambda o: "_" in o), **kwargs)
+            names = sorted(action.option_strings, key=lambda o: "_" in o)
+            names = [OUTPUT_FLAG, *names] if action.dest == OUTPUT_FIELD else names
+            parser.add_argument(*names, **kwargs)
+            taken.update(names)
         for old in self.aliases:
             flags = [f"--{old}"] + ([f"--{old.replace('_', '-')}"] if "_" in old else [])
-            parser.add_argument(*flags, dest=old, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+            flags = [flag for flag in flags if flag not in taken]  # `--out` is the output folder's own flag
+            if flags:
+                parser.add_argument(*flags, dest=old, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
                             help="set any config key (VALUE read as YAML, e.g. --set beta=0.001); repeatable")
 
@@ -259,19 +271,24 @@ class Fields:
             key, sep, text = assignment.partition("=")
             try:
                 if not sep or not key.strip():
-                    raise ConfigError(f"command line: expected KEY=VALUE after set, got {assignment!r}")
+                    raise ConfigError(f"command line: expected KEY=VALUE after set, got {quoted(assignment)}")
                 if not text.strip():
                     raise ConfigError(f"command line: {key.strip()} has an empty value (KEY=VALUE)")
                 try:
                     value = yaml.safe_load(text)
-                except yaml.YAMLError as err:
-                    raise ConfigError(f"command line: {key.strip()}: not a YAML value ({_yaml_problem(err)})") from err
+                except (yaml.YAMLError, RecursionError) as err:
+                    raise ConfigError(f"command line: {key.strip()}: not a YAML value ({_yaml_problem(err)})") \
+                        from None
+                typed = self.values({key.strip(): value}, "command line", problems)
+                twice = sorted(set(typed) & set(out))
+                if twice:  # never "the last value wins", as in a recipe
+                    raise ConfigError(f"command line: key {quoted(twice[0])} is set twice; give each key once")
             except ConfigError as err:
                 if problems is None:
                     raise
                 problems.append(str(err))
                 continue
-            out.update(self.values({key.strip(): value}, "command line", problems))
+            out.update(typed)
         return out
 
     def split(self, values: dict[str, Any]) -> dict[type, dict[str, Any]]:

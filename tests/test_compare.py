@@ -135,8 +135,10 @@ def test_a_finished_training_without_eval_is_only_evaluated(tmp_path, monkeypatc
 def test_report_only_pairs_the_finished_seeds_and_writes_the_report(tmp_path, monkeypatch, capsys):
     from grpo.synthetic.splits import generate
     from grpo.cli import main
+    from grpo.outputs import mark
 
     rows = generate("tiny-probe", 6)
+    mark(tmp_path, compare.STAMP)  # a comparison folder of compare's own (grpo.outputs), as it leaves one
 
     def evals(forwards, good):
         return [{"index": i, "task": r["task_type"], "tokens": 12, "forwards": forwards, "ar_equal": True,
@@ -166,9 +168,11 @@ def test_report_only_pairs_the_finished_seeds_and_writes_the_report(tmp_path, mo
 
 def test_another_probe_reevaluates_finished_runs_into_files_named_after_it(tmp_path, monkeypatch, capsys):
     from grpo.cli import main
+    from grpo.outputs import mark
     from grpo.synthetic.splits import generate
 
     rows = generate("tiny-probe@5", 6)
+    mark(tmp_path, compare.STAMP)  # a comparison folder of compare's own (grpo.outputs), as it leaves one
     probe = tmp_path / "my probe.jsonl"
     probe.write_text("".join(json.dumps(r) + "\n" for r in rows))
     for arm in ("a", "b"):

@@ -208,7 +208,7 @@ def test_pairs_lines(here, capsys):
     assert [r["line"] for r in json.loads(out)["results"]] == [1, 3]  # file lines, blank ones counted
     with pytest.raises(SystemExit) as info:  # argparse's own usage error
         main(["score", "--pairs", str(bom), "--workers", "0"])
-    assert info.value.code == 2 and "argument --workers: expected an integer >= 1, got '0'" in capsys.readouterr().err
+    assert info.value.code == 2 and "argument --workers: expected an integer from 1 to" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------- pools
@@ -519,3 +519,340 @@ def test_any_bytes_give_a_pool_or_one_user_error(data):
             assert str(err).startswith(f"prompt pool {path}")
         else:
             assert len(ds) >= 1 and all(isinstance(t, str) and t.strip() for t in ds["target"])
+
+
+# ------------------------------------------------------------------------------------- round 3 (issue 34)
+
+RECIPE = str(Path(__file__).resolve().parents[1] / "configs" / "tiny_cpu.yaml")
+JOINT_RECIPE = str(Path(__file__).resolve().parents[1] / "configs" / "joint_tiny.yaml")
+
+
+def _tree(folder: Path) -> dict[str, object]:
+    """Every path under `folder` (files by bytes, folders and links by kind): what a refused command must
+    leave exactly as it was, nothing added (no temporary, no empty folder), nothing changed."""
+    out = {}
+    for path in sorted(folder.rglob("*")):
+        key = str(path.relative_to(folder))
+        out[key] = (f"link -> {path.readlink()}" if path.is_symlink() else "folder" if path.is_dir()
+                    else path.read_bytes())
+    return out
+
+
+def _refused_untouched(capsys, folder: Path, argv: list[str], *culprits: str) -> str:
+    """`refused`, and the whole tree under `folder` exactly as before."""
+    before = _tree(folder)
+    message = refused(capsys, argv, *culprits)
+    assert _tree(folder) == before
+    return message
+
+
+def _earlier_run(folder: Path) -> Path:
+    """A user's earlier run folder: a run config, a checkpoint and the user's notes."""
+    folder.mkdir()
+    (folder / "run_config.json").write_text(json.dumps({"output_dir": str(folder), "model": "tiny"}))
+    (folder / "checkpoint-2").mkdir()
+    (folder / "checkpoint-2" / "trainer_state.json").write_text("{}")
+    (folder / "notes.md").write_text("what I tried")
+    return folder
+
+
+@pytest.mark.parametrize("flags, culprit", [
+    (["--learning-rate", "inf"], "learning_rate must be a finite number, got inf"),
+    (["--set", "temperature=-1"], "temperature must be a number > 0"),
+    (["--set", "temperature=.nan"], "temperature must be a finite number, got nan"),
+    (["--max-steps", "-5"], "max_steps must be an integer >= 1 (or -1: by epochs), got -5"),
+    (["--seed", str(10 ** 23)], "seed must be an integer in [0, 4294967295]"),
+    (["--set", "epsilon_high=-1"], "epsilon_high must be a number >= 0, got -1.0"),
+    (["--set", "num_generations=2048", "--set", "generation_batch_size=2048"],
+     "num_generations must be an integer in [2, 1024], got 2048"),
+    (["--set", "num_generations=1000000000"], "must be divisible by num_generations (1000000000)"),
+    (["--resume", "no/checkpoint-3"], "resume: no checkpoint folder no/checkpoint-3"),
+    (["--set", "beta=0.1", "--set", "beta=0.2"], "command line: key 'beta' is set twice"),
+])
+def test_the_dry_run_refuses_what_the_run_would(here, capsys, flags, culprit):
+    """Each of these passed the dry run before ("the run would start"); training then failed or ran wrong."""
+    _refused_untouched(capsys, here, ["train", "--config", RECIPE, "--dry-run", *flags], culprit)
+
+
+def test_training_refuses_what_the_dry_run_refuses(here, capsys):
+    """The real run asks the same function: refused before any model or engine is loaded, nothing written."""
+    _refused_untouched(capsys, here, ["train", "--config", RECIPE, "--learning-rate", "inf", "--out", "run"],
+                       "learning_rate must be a finite number, got inf")
+
+
+def test_an_earlier_run_folder_is_refused_unless_resumed_or_overwritten(here, capsys):
+    _earlier_run(here / "run")
+    for extra in ([], ["--dry-run"]):
+        _refused_untouched(capsys, here, ["train", "--config", RECIPE, "--out", "run", *extra],
+                           "output_dir run holds an earlier run: resume it, overwrite it")
+    (here / "mine").mkdir()
+    (here / "mine" / "notes.md").write_text("not a run")
+    _refused_untouched(capsys, here, ["train", "--config", RECIPE, "--out", "mine", "--overwrite"],
+                       "output_dir mine is not empty and holds no GRPO run")
+    _refused_untouched(capsys, here, ["train", "--config", RECIPE, "--out", "run", "--resume", "--overwrite",
+                                      "--dry-run"], "resume continues the run in output_dir and overwrite "
+                                                    "replaces it: choose one")
+    _refused_untouched(capsys, here, ["train", "--config", RECIPE, "--out", "mine", "--resume", "--dry-run"],
+                       "holds no checkpoint-N folder to resume from")
+
+
+def test_demo_checks_everything_before_it_touches_an_earlier_run(here, capsys):
+    """`demo` replaced runs/demo before reading its recipe: a failed start had deleted a user's run."""
+    _earlier_run(here / "old")
+    _refused_untouched(capsys, here, ["demo", "--out", "old", "--config", "nope.yaml"],
+                       "config file nope.yaml does not exist")
+    (here / "bad.yaml").write_text(f"extends: {RECIPE}\npool: missing.jsonl\n")
+    _refused_untouched(capsys, here, ["demo", "--out", "old", "--config", "bad.yaml"],
+                       "prompt pool missing.jsonl: no such file")
+    (here / "user").mkdir()
+    (here / "user" / "config.json").write_text("{}")
+    _refused_untouched(capsys, here, ["demo", "--out", "user"], "output_dir user is not empty and holds no GRPO run")
+
+
+@pytest.mark.parametrize("make", ["dangling", "to_folder"])
+def test_symlinked_outputs_are_refused(here, capsys, make):
+    target = here / "elsewhere"
+    if make == "to_folder":
+        target.mkdir()
+    (here / "link").symlink_to(target)
+    for argv in (["demo", "--out", "link"], ["pool-stats", "tiny-probe", "--json", "link"],
+                 ["tpf", "--pool", "tiny-probe", "--out", "link"], ["mine", "--pool", "tiny", "--out", "link"],
+                 ["train", "--config", RECIPE, "--dry-run", "--out", "link"]):
+        _refused_untouched(capsys, here, argv, "link is a symbolic link")
+
+
+def test_ownership_is_parsed_never_searched_for(here, capsys):
+    """Files that mention the command (notes, a script, a JSON with the stamp as a value) are not its own."""
+    pool = _lines(here / "pool.jsonl", [GOOD_ROW])
+    (here / "notes.json").write_text('{"text": "gravity-grpo pool-stats wrote this", "written_by": "me"}')
+    (here / "run.sh").write_text("#!/bin/sh\ngravity-grpo pool-stats tiny --json s.json  # written_by\n")
+    (here / "fake.png").write_bytes(b"\x89PNG\r\n\x1a\n gravity-grpo pool-stats Software")
+    for flag, name in (("--json", "notes.json"), ("--json", "run.sh"), ("--png", "fake.png")):
+        _refused_untouched(capsys, here, ["pool-stats", str(pool), flag, name, "--overwrite"],
+                           f"{flag} {name} exists and was not written by gravity-grpo pool-stats")
+
+
+def test_an_output_that_appears_while_the_command_runs_is_kept(here):
+    """The final move of a new output never replaces a file made meanwhile; an own file only with overwrite."""
+    from grpo.outputs import atomic_write
+
+    out = here / "stats.json"
+    out.write_text("the user's file, made while the command ran")
+    for replace in (False, "gravity-grpo tpf"):
+        with pytest.raises(UserError, match="appeared while the command ran"):
+            atomic_write(out, '{"written_by": "gravity-grpo tpf"}\n', replace=replace)
+    assert out.read_text() == "the user's file, made while the command ran"
+    out.write_text('{"written_by": "gravity-grpo tpf", "n": 1}')
+    atomic_write(out, '{"written_by": "gravity-grpo tpf", "n": 2}\n', replace="gravity-grpo tpf")
+    assert json.loads(out.read_text())["n"] == 2
+    assert sorted(p.name for p in here.iterdir()) == ["stats.json"]
+
+
+def test_joint_never_writes_over_its_input_or_a_user_folder(here, capsys):
+    import shutil
+
+    shutil.copytree(TINY, here / "m")
+    (here / "u").mkdir()
+    (here / "u" / "config.json").write_text("{}")
+    base = ["joint", "--config", JOINT_RECIPE, "--ar-steps", "0", "--joint-steps", "1", "--stop-at-step", "0"]
+    _refused_untouched(capsys, here, [*base, "--model", "m", "--out", "m"], "output_dir m is the input m")
+    _refused_untouched(capsys, here, [*base, "--model", "m", "--out", "m/inner"], "lies inside the input m")
+    _refused_untouched(capsys, here, [*base, "--out", "u"], "output_dir u is not empty and holds no joint checkpoint")
+    _refused_untouched(capsys, here, [*base, "--out", str(TINY)], f"output_dir {TINY} exists and is not empty",
+                       "(flag --overwrite)")
+
+
+def test_tpf_drift_writes_only_into_its_own_places(here, capsys):
+    import shutil
+
+    run = _earlier_run(here / "run")
+    (run / "run_config.json").write_text(json.dumps({"model": "tiny", "probe_set": "tiny-probe",
+                                                     "output_dir": str(run)}))
+    shutil.copytree(TINY, run / "checkpoint-4")
+    (here / "mine").mkdir()
+    (here / "mine" / "a.txt").write_text("mine")
+    for out, culprit in (("run/checkpoint-4", "--out run/checkpoint-4 is the input"),
+                         ("run/checkpoint-4/x", "--out run/checkpoint-4/x lies inside the input"),
+                         (str(TINY), f"--out {TINY} is not empty and holds no tpf_drift_checkpoints"),
+                         ("mine", "--out mine is not empty and holds no tpf_drift_checkpoints output"),
+                         (".", "holds the input")):
+        _refused_untouched(capsys, here, ["tpf-drift", "run", "--out", out], culprit)
+    (run / "tpf_drift_checkpoints.jsonl").write_text("{}\n")
+    _refused_untouched(capsys, here, ["tpf-drift", "run"], "tpf_drift_checkpoints.jsonl exists (an earlier "
+                                                           "tpf-drift output)", "(flag --overwrite)")
+
+
+@pytest.mark.parametrize("config, culprit", [
+    ({"probe_size": -5}, "run_config.json: probe_size = -5 is not an integer >= 1"),
+    ({"tpf_max_new_tokens": 0}, "run_config.json: tpf_max_new_tokens = 0 is not a probe setting"),
+    ({"temperature": "hot"}, "run_config.json: temperature = 'hot' is not a probe setting"),
+])
+def test_values_read_back_from_a_run_are_checked_where_read(here, capsys, config, culprit):
+    (here / "run").mkdir()
+    (here / "run" / "run_config.json").write_text(json.dumps({"model": "tiny", "probe_set": "tiny-probe", **config}))
+    _refused_untouched(capsys, here, ["tpf-drift", "run"], culprit)
+
+
+def test_compare_checks_its_arms_and_output_first(here, capsys):
+    (here / "c").write_text("a file")
+    arms = ["--arm", "a", RECIPE, "--arm", "b", RECIPE]
+    _refused_untouched(capsys, here, ["compare", *arms, "--seeds", "1", "--out", "c"], "--out c is a file")
+    _refused_untouched(capsys, here, ["compare", "--arm", "a", RECIPE, "beta=[1", "--arm", "b", RECIPE,
+                                      "--seeds", "1", "--out", "new"], "--arm a: 'beta': not a YAML value")
+    _refused_untouched(capsys, here, ["compare", "--arm", "a", RECIPE, "beta=1", "beta=2", "--arm", "b", RECIPE,
+                                      "--seeds", "1", "--out", "new"], "--arm a: key 'beta' is set twice")
+    _refused_untouched(capsys, here, ["compare", *arms, "--seeds", "1", "1", "--out", "new"],
+                       "--seeds must be distinct integers")
+    _refused_untouched(capsys, here, ["compare", *arms, "--set", "learning_rate=fast", "--seeds", "1", "--out",
+                                      "new"], "learning_rate must be a number, got 'fast'")
+
+
+@pytest.mark.parametrize("flags, culprit", [
+    (["--samples", "1000000000", "--temperature", "1"], "--samples in [1, 64]"),
+    (["--batch-size", "100000"], "--batch-size must be in [1, 256]"),
+    (["--temperature", "inf"], "--temperature must be a finite number >= 0"),
+    (["--temperature", "nan"], "--temperature must be a finite number >= 0"),
+    (["--tau", "nan"], "--tau is a confidence threshold in [0, 1]"),
+    (["--seed", str(10 ** 23)], "--seed must be in [0, 4294967295]"),
+])
+def test_tpf_counts_and_numbers_are_bounded_before_any_work(here, capsys, flags, culprit):
+    _refused_untouched(capsys, here, ["tpf", "--pool", "tiny-probe", *flags], culprit)
+
+
+@pytest.mark.parametrize("flags, culprit", [
+    (["--num-generations", "1000000000"], "at most 1024 are sampled"),
+    (["--hard-weight", "nan"], "ranking: hard_weight must be a finite number, got nan"),
+    (["--length-scale", "0"], "ranking: length_scale is a length in characters (> 0)"),
+    (["--temperature", "inf"], "temperature=inf must be a finite number >= 0"),
+    (["--chunk-size", "100000"], "rollouts per engine call is over 65,536"),
+])
+def test_mine_numbers_are_bounded_before_any_work(here, capsys, flags, culprit):
+    _refused_untouched(capsys, here, ["mine", "--pool", "tiny", "--out", "o", *flags], culprit)
+
+
+def test_an_image_pool_with_a_text_only_model_is_refused_everywhere(here, capsys):
+    from PIL import Image
+
+    Image.new("RGB", (8, 8)).save(here / "a.png")
+    pool = _lines(here / "pool.jsonl", [{**GOOD_ROW, "image": "a.png"}])
+    for argv in (["tpf", "--pool", str(pool)], ["mine", "--pool", str(pool), "--out", "o", "--hf-generate"],
+                 ["train", "--config", RECIPE, "--dry-run", "--pool", str(pool)]):
+        _refused_untouched(capsys, here, argv, "the pool has images but the policy is text-only")
+
+
+def test_score_workers_are_bounded_by_the_cpus(here, capsys):
+    import os
+
+    with pytest.raises(SystemExit) as info:
+        main(["score", "--pairs", "p.jsonl", "--workers", str((os.cpu_count() or 1) + 1)])
+    assert info.value.code == 2
+    assert f"expected an integer from 1 to {os.cpu_count() or 1} (the CPUs here)" in capsys.readouterr().err
+
+
+def _truncated_weights(folder: Path) -> str:
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[:len(data) // 2])
+    return f"{folder / 'model.safetensors'}: damaged weights file"
+
+
+def _nan_config(folder: Path) -> str:
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "rms_norm_eps": float("nan")}))
+    return f"{folder / 'config.json'}: field 'rms_norm_eps' is not a finite number"
+
+
+def _self_adapter(folder: Path) -> str:
+    import shutil
+
+    shutil.rmtree(folder)
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(folder)}))
+    return "is this adapter folder itself"
+
+
+def _adapter_cycle(folder: Path) -> str:
+    import shutil
+
+    shutil.rmtree(folder)
+    other = folder.with_name("other")
+    for a, b in ((folder, other), (other, folder)):
+        a.mkdir()
+        (a / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(b)}))
+    return "is itself a LoRA checkpoint"
+
+
+@pytest.mark.parametrize("damage", [_truncated_weights, _nan_config, _self_adapter, _adapter_cycle],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_a_damaged_checkpoint_is_named(here, capsys, damage):
+    import shutil
+
+    ckpt = here / "ckpt"
+    shutil.copytree(TINY, ckpt)
+    culprit = damage(ckpt)
+    for argv in (["tpf", "--model", str(ckpt), "--pool", "tiny-probe"],
+                 ["train", "--config", RECIPE, "--dry-run", "--model", str(ckpt), "--out", "run"]):
+        _refused_untouched(capsys, here, argv, culprit)
+
+
+def test_deeply_nested_yaml_and_huge_values_come_in_one_short_line(here, capsys):
+    (here / "deep.yaml").write_text("a: " + "[" * 5000 + "]" * 5000 + "\n")
+    _refused_untouched(capsys, here, ["train", "--config", "deep.yaml", "--dry-run"],
+                       "deep.yaml: not valid YAML (nested too deeply)")
+    _refused_untouched(capsys, here, ["train", "--config", RECIPE, "--dry-run", "--accelerate-config", "deep.yaml"],
+                       "accelerate config deep.yaml: not readable (nested too deeply)")
+    _refused_untouched(capsys, here, ["mine", "--config", "deep.yaml", "--pool", "tiny", "--out", "o"],
+                       "deep.yaml: not valid YAML (nested too deeply)")
+    (here / "big.yaml").write_text(f"extends: {RECIPE}\nlearning_rate: {'x' * 1_000_000}\n")
+    message = _refused_untouched(capsys, here, ["train", "--config", "big.yaml", "--dry-run"],
+                                 "learning_rate must be a number, got 'xxx", "(1,000,002 characters)")
+    assert len(message) < 1000
+
+
+def test_a_config_that_is_a_device_is_named_as_such(here, capsys):
+    import os
+
+    os.symlink("/dev/null", here / "dev.yaml")
+    _refused_untouched(capsys, here, ["train", "--config", "dev.yaml", "--dry-run"],
+                       "config file dev.yaml is not a regular file (a folder or a device)")
+
+
+def test_a_damaged_done_marker_is_named(here, shards, capsys):
+    done = shards[0] / "mining" / "done.json"
+    record = json.loads(done.read_text())
+    done.write_text(json.dumps({**record, "selection": {**record["selection"], "min_std": "x"}}))
+    _refused_untouched(capsys, here, ["mine-merge", *map(str, shards), "--out", "merged"],
+                       f"{done} is damaged (selection needs rank, a finite min_std")
+
+
+def test_a_huge_prompt_is_named_by_line_before_any_tokenizer(here, capsys):
+    from grpo.pool import MAX_PROMPT_CHARS
+
+    pool = _lines(here / "pool.jsonl", [GOOD_ROW, {**GOOD_ROW, "prompt": "w" * (MAX_PROMPT_CHARS + 1)}])
+    _refused_untouched(capsys, here, ["train", "--config", RECIPE, "--dry-run", "--pool", str(pool)],
+                       "line 2: prompt of 1,048,577 characters is over the limit")
+
+
+def test_a_lone_surrogate_is_a_bad_line_that_skip_bad_leaves_out(here, capsys):
+    pool = _lines(here / "pool.jsonl", [GOOD_ROW, '{"prompt": "\\ud800", "target": "t", "task_type": "text"}'])
+    _refused_untouched(capsys, here, ["pool-stats", str(pool)], "line 2: a lone surrogate escape (\\ud800)")
+    out = _accepted(capsys, ["pool-stats", str(pool), "--skip-bad"], inputs=(pool,))
+    assert "all: rows 1" in out or "1 rows" in out
+
+
+def test_a_pairs_bound_too_large_for_a_float_is_named(here, capsys):
+    pairs = _lines(here / "pairs.jsonl", ['{"pred": "a", "ref": "a", "task": "text", "min": 1' + "0" * 400 + "}"])
+    _refused_untouched(capsys, here, ["score", "--pairs", str(pairs)], "line 1: field 'min' must be a finite number")
+
+
+def test_library_warnings_never_print_before_the_error_line(here, capsys):
+    import warnings
+
+    def noisy(args):
+        warnings.warn("a library's remark", UserWarning)
+        raise UserError("the one problem")
+
+    from grpo.cli import boundary
+
+    assert boundary(lambda: noisy(None), verbose=False) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "error: the one problem"

@@ -32,14 +32,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _pairs(assignments: list[str], where: str) -> dict:
     import yaml
 
-    from grpo.errors import UserError
+    from grpo.errors import UserError, quoted
+    from grpo.yaml_config import _yaml_problem
 
     values = {}
     for assignment in assignments:
         key, sep, value = assignment.partition("=")
         if not sep or not key:
-            raise UserError(f"{where}: expected KEY=VALUE, got {assignment!r}")
-        values[key] = yaml.safe_load(value)
+            raise UserError(f"{where}: expected KEY=VALUE, got {quoted(assignment)}")
+        if key in values:
+            raise UserError(f"{where}: key {quoted(key)} is set twice; give each key once")
+        try:
+            values[key] = yaml.safe_load(value)
+        except (yaml.YAMLError, RecursionError) as err:
+            raise UserError(f"{where}: {quoted(key)}: not a YAML value ({_yaml_problem(err)})") from None
     return values
 
 
@@ -91,7 +97,10 @@ def run(args: argparse.Namespace) -> int:
 
     from grpo.console import console
     from grpo.errors import UserError
-    from grpo.compare import REPORT_FILE, Arm, probe_named, run_comparison
+    from grpo.compare import REPORT_FILE, STAMP, Arm, probe_named, run_comparison
+    from grpo.outputs import output_folder
+    from grpo.training.config import load_config
+    from grpo.training.preflight import MAX_SEED
 
     arms = []
     for spec in args.arms:
@@ -102,9 +111,17 @@ def run(args: argparse.Namespace) -> int:
         arms.append(Arm(spec[0], spec[1], _pairs(spec[2:], f"--arm {spec[0]}")))
     if len(arms) < 2 or len({a.name for a in arms}) != len(arms):
         raise UserError("compare needs at least two --arm with distinct names")
+    bad_seeds = [s for s in args.seeds if not 0 <= s <= MAX_SEED]
+    if bad_seeds or len(set(args.seeds)) != len(args.seeds):
+        raise UserError(f"--seeds must be distinct integers in [0, {MAX_SEED}], got {args.seeds}")
+    common = _pairs(args.assignments, "--set")
+    for arm in arms:  # every recipe builds before anything is written (the runs check the rest themselves)
+        load_config(arm.config, {**common, **arm.overrides})
+    output_folder(args.out, "--out", kind="comparison", stamp=STAMP, inputs=[a.config for a in arms],
+                  overwrite=None)
     try:
         probe = {"probe_set": args.probe_set, "probe_size": args.probe_size, "max_new_tokens": args.max_new_tokens}
-        report = run_comparison(arms, args.seeds, args.out, common=_pairs(args.assignments, "--set"), probe=probe,
+        report = run_comparison(arms, args.seeds, args.out, common=common, probe=probe,
                                 report_only=args.report_only, log=lambda text: console.print(text, markup=False))
     except ValueError as err:  # unpaired or unfinished runs
         raise UserError(f"{args.out}: {err}") from err

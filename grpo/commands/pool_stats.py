@@ -37,13 +37,14 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--png and --json name the same file {args.png}")
     stats = {"written_by": STAMP, **describe_pool(load_pool(args.pool, skip_bad=args.skip_bad))}
     lengths = stats.pop("lengths")
+    replace = STAMP if args.overwrite else False  # never a file that appeared meanwhile (grpo.outputs.publish)
     headers = ["task", "rows", "share", *(f"p{q}" for q in PERCENTILES), "max"]
     rows = [[task, str(s["rows"]), f"{s['share']:.1%}", *(f"{s[f'p{q}_chars']:.0f}" for q in PERCENTILES),
              str(s["max_chars"])] for task, s in [*stats["tasks"].items(), ("all", stats["all"])]]
     print_table(f"{args.pool}: {stats['rows']} rows; reference length in characters", headers, rows)
     writes = [(png, lambda: histogram_png(lengths, png, "reference length (characters)",
-                                          f"{args.pool}: reference lengths", software=STAMP)),
-              (json_path, lambda: atomic_write(json_path, json.dumps(stats, indent=2) + "\n"))]
+                                          f"{args.pool}: reference lengths", software=STAMP, replace=replace)),
+              (json_path, lambda: atomic_write(json_path, json.dumps(stats, indent=2) + "\n", replace))]
     for path, write in writes:
         if path is not None:
             try:

@@ -4,10 +4,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 STAMP = "gravity-grpo tpf"  # in each file it writes (grpo.outputs)
 DEFAULT_MAX_NEW_TOKENS = 512  # the output cap where neither --max-new-tokens nor the preset gives one
+MAX_SAMPLES = 64  # sampled decodes per prompt: each is a whole decode; TPF's interval is tight long before
+MAX_BATCH = 256   # prompts decoded at once: their KV caches share one device
 HELP = "measure the drafter's tokens per forward (self-speculative or direct diffusion) on a prompt pool"
 
 
@@ -82,16 +85,21 @@ def _table(stats: dict):
 
 
 def _check_decoding(args: argparse.Namespace, error: type) -> None:
-    """Refuse decoding flags that contradict each other, naming the flag."""
+    """Refuse decoding flags that contradict each other or that no decoder takes, naming the flag."""
+    from grpo.training.preflight import MAX_SEED
+
     for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--bd-size", args.bd_size)):
         if value is not None and value < 1:
             raise error(f"{flag} must be >= 1, got {value}")
     if not 0 <= args.tau <= 1:
         raise error(f"--tau is a confidence threshold in [0, 1], got {args.tau}")
-    if args.batch_size < 1 or args.samples < 1:
-        raise error(f"--batch-size and --samples must be >= 1, got {args.batch_size} and {args.samples}")
-    if args.temperature < 0:
-        raise error(f"--temperature must be >= 0 (0 is greedy), got {args.temperature}")
+    if not (1 <= args.batch_size <= MAX_BATCH and 1 <= args.samples <= MAX_SAMPLES):
+        raise error(f"--batch-size must be in [1, {MAX_BATCH}] and --samples in [1, {MAX_SAMPLES}], got "
+                    f"{args.batch_size} and {args.samples}")
+    if not 0 <= args.temperature < math.inf:
+        raise error(f"--temperature must be a finite number >= 0 (0 is greedy), got {args.temperature}")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise error(f"--seed must be in [0, {MAX_SEED}], got {args.seed}")
     if args.samples > 1 and args.temperature == 0:
         raise error("--samples > 1 needs --temperature > 0: greedy decoding gives one output per prompt")
     if args.temperature > 0 and args.compare_ar:
@@ -104,6 +112,7 @@ def _check_sizes(args: argparse.Namespace, ckpt, pool) -> None:
     """Refuse an output cap or block size the model cannot decode, and rows that do not fit in its positions."""
     from grpo.checkpoint import context_length
     from grpo.errors import UserError
+    from grpo.pool import policy_mismatch
     from grpo.prompting import rows_over_context
 
     positions = context_length(ckpt.model.config)
@@ -113,6 +122,9 @@ def _check_sizes(args: argparse.Namespace, ckpt, pool) -> None:
     if size > args.max_new_tokens:
         raise UserError(f"--bd-size {size}: a draft block longer than --max-new-tokens {args.max_new_tokens} "
                         "drafts tokens that can never be kept")
+    problem = policy_mismatch(pool, f"prompt pool {args.pool}", ckpt.is_vlm)
+    if problem:
+        raise UserError(problem)
     over = rows_over_context(ckpt.processor, pool, ckpt.is_vlm, positions, args.max_new_tokens)
     if over:
         raise UserError(f"prompt pool {args.pool}: {len(over)} row(s) longer than the model's context with "
@@ -170,6 +182,6 @@ def run(args: argparse.Namespace) -> int:
     if stats["truncated"]:
         console.print(f"{stats['truncated']} output(s) reached --max-new-tokens {args.max_new_tokens}", markup=False)
     if out is not None:
-        atomic_write(out, json.dumps(stats, indent=2) + "\n")
+        atomic_write(out, json.dumps(stats, indent=2) + "\n", replace=STAMP if args.overwrite else False)
         console.print(f"wrote {out}", markup=False)
     return 0

@@ -8,6 +8,7 @@ HELP = ("re-measure TPF (greedy and sampled) and held-out reward on every saved 
         "run's dtype, and draw them versus step")
 
 OUT_NAME = "tpf_drift_checkpoints"  # OUT/tpf_drift_checkpoints.jsonl and .png
+STAMP = "gravity-grpo tpf-drift"  # the marker of an --out folder of its own (grpo.outputs)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,6 +18,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, help="output cap per prompt (default: the run's)")
     parser.add_argument("--no-initial", action="store_true", help="skip step 0 (the run's starting checkpoint)")
     parser.add_argument("--out", type=Path, help=f"folder for {OUT_NAME}.jsonl and .png (default: RUN_DIR)")
+    parser.add_argument("--overwrite", action="store_true", help=f"replace the {OUT_NAME} files of an earlier "
+                                                                 "tpf-drift run")
+
+
+def check_out(args: argparse.Namespace, run_dir) -> Path:
+    """The folder the drift files go to (`grpo.outputs`): the run folder itself, or a folder of tpf-drift's
+    own (inside the run folder or elsewhere), never inside a checkpoint or the run's model, nor a folder
+    holding the run; earlier drift files only with --overwrite."""
+    from grpo.errors import UserError
+    from grpo.outputs import output_folder
+
+    own_run = args.out is None or args.out.resolve() == run_dir.path.resolve()
+    if own_run:
+        earlier = [p for p in (run_dir.file(f"{OUT_NAME}.jsonl"), run_dir.file(f"{OUT_NAME}.png")) if p.exists()]
+        if earlier and not args.overwrite:
+            raise UserError(f"{earlier[0]} exists (an earlier tpf-drift output); overwrite it, or choose --out",
+                            setting="overwrite")
+        return run_dir.path
+    model = run_dir.read_config().get("model")
+    inputs = [*(folder for _, folder in run_dir.checkpoints()), *([model] if model else [])]
+    if run_dir.path.resolve() not in args.out.resolve().parents:  # a folder beside the run may not hold it
+        inputs.append(run_dir.path)
+    return output_folder(args.out, "--out", kind=f"{OUT_NAME} output", stamp=STAMP, inputs=inputs,
+                         overwrite=args.overwrite, within=run_dir.path)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -24,15 +49,15 @@ def run(args: argparse.Namespace) -> int:
     from grpo.training.config import ConfigError, field_default
     from grpo.evaluation.drift import remeasure_checkpoints
     from grpo.evaluation.run_dir import RunDir
+    from grpo.outputs import mark
 
     if not args.run_dir.is_dir():
         raise ConfigError(f"{args.run_dir}: no such run folder")
     for flag, value in (("--probe-size", args.probe_size), ("--max-new-tokens", args.max_new_tokens)):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
-    if args.out is not None and args.out.exists() and not args.out.is_dir():
-        raise ConfigError(f"--out {args.out} is a file, not a folder")
     run_dir = RunDir(args.run_dir)
+    out = check_out(args, run_dir)
     records = remeasure_checkpoints(
         run_dir, field_default, probe_set=args.probe_set, probe_size=args.probe_size, max_new_tokens=args.max_new_tokens,
         include_initial=not args.no_initial,
@@ -42,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"step {r['step']}: TPF {r['tpf']:.3f} greedy, {sampled} sampled; held-out reward of the "
                       f"self-speculative output {r['eval_reward']:.3f} on {r['n']} prompts, AR-equal "
                       f"{r['ar_equal_rate']:.0%}", markup=False)
-    png = RunDir(args.out or args.run_dir).write_drift(records, OUT_NAME,
+    if out != run_dir.path:
+        mark(out, STAMP)
+    png = RunDir(out).write_drift(records, OUT_NAME,
                                                        title=f"Saved checkpoints of {args.run_dir.name}",
                                                        tpf_floor=run_dir.read_config().get("tpf_floor"))
     console.print(f"wrote {png.with_suffix('.jsonl')} and {png}", markup=False)

@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
                         help="continue from the last checkpoint in the output dir (or from CHECKPOINT): "
                              "weights, optimizer, scheduler, RNG and TPF history")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an earlier run in the output folder (kept aside until the new run is "
+                             "complete, then removed: nothing of it is left)")
 
 
 def overrides(args: argparse.Namespace) -> dict:
@@ -108,7 +111,7 @@ def dry_run(args: argparse.Namespace) -> int:
     if args.num_processes is not None and args.num_processes < 1:
         raise ConfigError(f"num_processes must be >= 1, got {args.num_processes}", setting="num_processes")
     report = preflight(args.config, overrides(args), num_processes=args.num_processes,
-                       accelerate_config=args.accelerate_config)
+                       accelerate_config=args.accelerate_config, resume=args.resume, overwrite=args.overwrite)
     print_preflight(report)
     report.raise_for_problems()
     console.print("dry run: the run would start", style="green")
@@ -126,6 +129,6 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, overrides(args))  # a config mistake stops here, before vLLM is imported
     from grpo.training.trainer import run_training
 
-    summary = run_training(config, resume=args.resume, recipe=args.config)
+    summary = run_training(config, resume=args.resume, overwrite=args.overwrite, recipe=args.config)
     print_summary(summary)
     return 0 if summary["stopped_at"] is None else 3

@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -37,6 +38,21 @@ class ProbeSettings:
     CONFIG_FIELDS = {"max_new_tokens": "tpf_max_new_tokens", "batch_size": "tpf_batch_size",
                      "temperature": "temperature", "samples": "tpf_samples", "preset": "tpf_preset",
                      "image_long_side": "image_long_side"}
+
+    def __post_init__(self):
+        """Refuse values no decoder takes (a `run_config.json` edited by hand, say), naming the config field."""
+        from grpo.errors import quoted
+        from grpo.yaml_config import ConfigError
+
+        whole = lambda v, low: isinstance(v, int) and not isinstance(v, bool) and v >= low  # noqa: E731
+        fine = {"max_new_tokens": whole(self.max_new_tokens, 1), "batch_size": whole(self.batch_size, 1),
+                "samples": whole(self.samples, 0), "preset": isinstance(self.preset, str),
+                "temperature": isinstance(self.temperature, (int, float)) and not isinstance(self.temperature, bool)
+                and 0 <= self.temperature < math.inf}
+        for name, ok in fine.items():
+            if not ok:
+                raise ConfigError(f"{self.CONFIG_FIELDS[name]} = {quoted(getattr(self, name))} is not a probe "
+                                  "setting (integers >= 1, samples >= 0, a finite temperature >= 0)")
 
     @classmethod
     def of(cls, read: Callable[[str], Any]) -> ProbeSettings:
@@ -168,6 +184,8 @@ def remeasure_checkpoints(run: RunDir, default: Callable[[str], Any], *, probe_s
     from grpo.checkpoint import load_checkpoint
     from grpo.decoding.tpf import tpf_stats
     from grpo.hardware import torch_device
+    from grpo.errors import quoted
+    from grpo.evaluation.run_dir import RUN_CONFIG
     from grpo.pool import load_pool
     from grpo.yaml_config import ConfigError
 
@@ -177,10 +195,17 @@ def remeasure_checkpoints(run: RunDir, default: Callable[[str], Any], *, probe_s
     if probe_set is None:
         raise ConfigError(f"{run.path}: no run_config.json to take the probe set from; name the probe set",
                           setting="probe_set")
-    settings = ProbeSettings.of(lambda name: config.get(name, default(name)))
+    try:  # values read back from the run's config are checked where they are read
+        settings = ProbeSettings.of(lambda name: config.get(name, default(name)))
+        size = probe_size or config.get("probe_size", default("probe_size"))
+        if not (isinstance(size, int) and not isinstance(size, bool) and size >= 1):
+            raise ConfigError(f"probe_size = {quoted(size)} is not an integer >= 1")
+        if include_initial and not isinstance(config.get("model", ""), str):
+            raise ConfigError(f"model = {quoted(config['model'])} is not a checkpoint name")
+    except ConfigError as err:
+        raise ConfigError(f"{run.file(RUN_CONFIG)}: {err}") from None
     if max_new_tokens:
         settings = dataclasses.replace(settings, max_new_tokens=max_new_tokens)
-    size = probe_size or config.get("probe_size", default("probe_size"))
     points = run.checkpoints()
     if include_initial and config.get("model"):
         points.insert(0, (0, config["model"]))

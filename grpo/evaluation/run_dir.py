@@ -92,21 +92,6 @@ class RunDir:
         """True when the folder holds a run written by this package."""
         return self.file(RUN_CONFIG).is_file()
 
-    def clear(self) -> bool:
-        """Remove a previous run in this folder (True if there was one); refuse a non-empty folder holding
-        something else, so that nothing but a run is ever deleted."""
-        import shutil
-
-        from grpo.yaml_config import ConfigError
-
-        if not self.path.is_dir() or not any(self.path.iterdir()):
-            return False
-        if not self.is_run():
-            raise ConfigError(f"{self.path} is not empty and holds no previous run (no {RUN_CONFIG}); "
-                              "choose another output folder")
-        shutil.rmtree(self.path)
-        return True
-
     # --- config and wall time ---
     def write_config(self, config_json: str) -> None:
         self.path.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import json
 import logging
+import math
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,8 @@ SAMPLING_FIELDS = ("model", "pool", "skip_bad", "num_generations", "temperature"
                    "shard", "hf_generate", "dtype", "gate", "table_bonus", "think", "image_long_side")
 PREFER_NAMES = tuple(PREFER)
 # Old key -> new key: the names `train` uses for the same things (one deprecation line each).
+MAX_NUM_GENERATIONS = 1024  # rollouts per prompt: GRPO recipes use 8 to 64; more is a typo, not a screen
+MAX_ROLLOUTS_PER_CALL = 65_536  # prompts x rollouts held in memory at once (one engine call, one part file)
 ALIASES = {"data": "pool", "out": "output_dir", "k": "num_generations", "max_tokens": "max_completion_length",
            "max_model_len": "vllm_max_model_length", "gpu_memory_utilization": "vllm_gpu_memory_utilization"}
 
@@ -98,11 +101,16 @@ class MineConfig(RewardFields):
         return parse_shard(self.shard)
 
     def __post_init__(self):
-        if self.num_generations < 2:
+        if not 2 <= self.num_generations <= MAX_NUM_GENERATIONS:
             raise MiningError(f"num_generations={self.num_generations}: reward variance needs at least 2 rollouts "
-                              "per prompt", setting="num_generations")
-        if self.temperature < 0:
-            raise MiningError(f"temperature={self.temperature} must be >= 0", setting="temperature")
+                              f"per prompt, and at most {MAX_NUM_GENERATIONS} are sampled", setting="num_generations")
+        if not 0 <= self.temperature < math.inf:
+            raise MiningError(f"temperature={self.temperature} must be a finite number >= 0", setting="temperature")
+        if not 0 <= self.min_std < math.inf:
+            raise MiningError(f"min_std={self.min_std} must be a finite number >= 0", setting="min_std")
+        if self.chunk_size * self.num_generations > MAX_ROLLOUTS_PER_CALL:
+            raise MiningError(f"chunk_size {self.chunk_size} x num_generations {self.num_generations} rollouts per "
+                              f"engine call is over {MAX_ROLLOUTS_PER_CALL:,}; lower chunk_size", setting="chunk_size")
         if self.max_completion_length < 1 or self.chunk_size < 1:
             raise MiningError("max_completion_length and chunk_size must be >= 1")
         if self.keep is not None and self.keep < 1:
@@ -114,6 +122,10 @@ class MineConfig(RewardFields):
             long_side(self.image_long_side)
         except ValueError as err:
             raise MiningError(str(err), setting="image_long_side") from None
+        try:
+            self.rank
+        except ValueError as err:
+            raise MiningError(f"ranking: {err}") from None
         try:
             self.reward_settings
         except ValueError as err:
@@ -143,14 +155,17 @@ def mine(cfg: MineConfig, llm=None) -> dict:
     `llm`: a running vLLM engine of `cfg.model` to sample with (default: start one unless every prompt is
     already mined, or `cfg.hf_generate`).
     """
-    from grpo.pool import load_pool
+    from grpo.pool import load_pool, policy_mismatch
     from grpo.checkpoint import is_vlm_checkpoint, locate
 
     output_folder(cfg.output_dir, "output", kind="mining run (no mining/manifest.json)",
-                  is_own=lambda out: MiningStore(out).work.is_dir(), inputs=[cfg.pool], setting="out")
+                  is_own=lambda out: MiningStore(out).is_run(), inputs=[cfg.pool, cfg.model], setting="out")
     source = locate(cfg.model)
     log.info("model: %s", source.describe())
     pool = load_pool(cfg.pool, skip_bad=cfg.skip_bad, index_column=INDEX)
+    problem = policy_mismatch(pool, f"prompt pool {cfg.pool}", is_vlm_checkpoint(source.model_dir))
+    if problem:
+        raise MiningError(problem)
     previous = [c for c in STAT_COLUMNS if c in pool.column_names]
     if previous:  # a mined pool mined again: its old statistics make way for the new ones
         pool = pool.remove_columns(previous)
@@ -272,7 +287,7 @@ def merge(shard_outs: list[str], out: str, overwrite: bool = False) -> dict:
     runs, target = [MiningStore(p) for p in shard_outs], Path(out)
     dones = [r.read_done() for r in runs]
     output_folder(target, "output", kind="mining output (no mining/done.json)", inputs=[r.out for r in runs],
-                  is_own=lambda out: MiningStore(out).done.is_file(), overwrite=overwrite, setting="out")
+                  is_own=lambda out: MiningStore(out).is_finished(), overwrite=overwrite, setting="out")
     first = dones[0]
     for run, d in zip(runs, dones):
         diff = [key for key in first["manifest"] if key != "shard" and d["manifest"].get(key) != first["manifest"][key]]
@@ -302,7 +317,7 @@ def merge(shard_outs: list[str], out: str, overwrite: bool = False) -> dict:
     try:
         rank = RankRule(**sel["rank"])
         min_std, keep = sel["min_std"], sel["keep"]
-    except (KeyError, TypeError):
+    except (KeyError, TypeError, ValueError):
         raise MiningError(f"{runs[0].done} is damaged (selection needs rank, min_std and keep)") from None
     manifest = {**first["manifest"], "shard": [0, 1], "merged_from": [str(r.out) for r in runs]}
     with set_aside(target):

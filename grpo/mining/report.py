@@ -8,11 +8,10 @@ Example:
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from grpo.mining.selection import is_dropped
-from grpo.outputs import atomic_write, temporary_file
+from grpo.outputs import atomic_write, written
 from grpo.rollouts.sampling import INDEX
 
 PERCENTILES = (10, 25, 50, 75, 90, 99)
@@ -38,8 +37,10 @@ def describe_pool(ds) -> dict:
 
 
 def histogram_png(values_by_task: dict[str, list[float]], path: Path, xlabel: str, title: str,
-                  value_range: tuple[float, float] | None = None, software: str = "gravity-grpo") -> Path:
-    """One stacked histogram, a colour per task; `software` goes into the PNG's metadata (`grpo.outputs`)."""
+                  value_range: tuple[float, float] | None = None, software: str = "gravity-grpo",
+                  replace: bool | str = True) -> Path:
+    """One stacked histogram, a colour per task; `software` goes into the PNG's metadata, `replace` says what
+    the finished file may replace (`grpo.outputs.publish`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -53,13 +54,11 @@ def histogram_png(values_by_task: dict[str, list[float]], path: Path, xlabel: st
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
-    tmp = temporary_file(path)  # renamed into place: a failed write leaves the old file
     try:
-        fig.savefig(tmp, dpi=100, format="png", metadata={"Software": software})
-        os.replace(tmp, path)
+        with written(path, replace) as tmp:  # renamed into place: a failed write leaves the old file
+            fig.savefig(tmp, dpi=100, format="png", metadata={"Software": software})
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
     return path
 
 

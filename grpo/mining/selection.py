@@ -13,6 +13,7 @@ terms, weight 1, length_scale 1900 = the paper's median mined reference), `hard`
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from grpo.rollouts.sampling import Rollout
@@ -29,6 +30,14 @@ class RankRule:
     length_weight: float = 1.0
     length_scale: float = 1900.0   # characters: the paper's median reference length after mining
     table_bonus: float = 1.0
+
+    def __post_init__(self):
+        for name in ("hard_weight", "length_weight", "length_scale", "table_bonus"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        if self.length_scale <= 0:
+            raise ValueError(f"length_scale is a length in characters (> 0), got {self.length_scale}")
 
     def score(self, reward_mean: float, ref_chars: int, task_type: str) -> float:
         return (self.hard_weight * (1.0 - reward_mean)

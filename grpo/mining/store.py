@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from pathlib import Path
 
@@ -33,6 +34,14 @@ class MiningStore:
         self.manifest = self.work / "manifest.json"
         self.done = self.work / "done.json"
         self.report = self.out / "report"
+
+    def is_run(self) -> bool:
+        """True when OUT holds a mining run's manifest that parses (a folder mine made, to resume)."""
+        return _parses(self.manifest)
+
+    def is_finished(self) -> bool:
+        """True when OUT holds a finished mining output: its `mining/done.json` parses."""
+        return _parses(self.done)
 
     def read_parts(self) -> dict[int, dict]:
         """Records of every mined prompt by pool index; a prompt in two part files, or a damaged line, is an error."""
@@ -61,9 +70,16 @@ class MiningStore:
             raise MiningError(f"{self.out}: not finished (no mining/done.json); rerun mine on it")
         done = read_json(self.done)
         shard = done.get("manifest", {}).get("shard") if isinstance(done.get("manifest"), dict) else None
-        if not (isinstance(shard, list) and len(shard) == 2 and all(isinstance(v, int) for v in shard)
-                and isinstance(done.get("selection"), dict)):
-            raise MiningError(f"{self.done} is damaged (needs manifest.shard [I, N] and selection)")
+        selection = done.get("selection")
+        if not (isinstance(shard, list) and len(shard) == 2 and all(_is_int(v) for v in shard)
+                and 0 <= shard[0] < shard[1] and isinstance(selection, dict)):
+            raise MiningError(f"{self.done} is damaged (needs manifest.shard [I, N] with 0 <= I < N, and selection)")
+        min_std, keep = selection.get("min_std"), selection.get("keep")
+        if not (isinstance(selection.get("rank"), dict) and isinstance(min_std, (int, float))
+                and not isinstance(min_std, bool) and 0 <= min_std < math.inf
+                and (keep is None or (_is_int(keep) and keep >= 1))):
+            raise MiningError(f"{self.done} is damaged (selection needs rank, a finite min_std >= 0 and keep, "
+                              "an integer >= 1 or null)")
         return done
 
     def publish_dataset(self, staged: Path) -> None:
@@ -82,6 +98,18 @@ class MiningStore:
 def read_json(path: Path) -> dict:
     """A JSON object file of a run; a `MiningError` naming it when it is not one."""
     return read_json_object(path, MiningError)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _parses(path: Path) -> bool:
+    try:
+        read_json(path)
+    except MiningError:
+        return False
+    return True
 
 
 def is_empty_folder(path: Path) -> bool:

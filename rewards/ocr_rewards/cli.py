@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import traceback
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,7 +31,19 @@ INTERRUPTED_EXIT = 130
 
 def boundary(run: Callable[[], int], verbose: bool, hint: Callable[[UserError], str] = lambda err: "") -> int:
     """`run()`'s exit code; a `UserError` is one `error:` line (and `hint(err)`), exit 2; Ctrl-C one line, 130;
-    a closed stdout (`| head`) ends quietly; anything else is a crash: its traceback, exit 70."""
+    a closed stdout (`| head`) ends quietly; anything else is a crash: its traceback, exit 70.
+
+    Python warnings of the libraries are held until the command ends and shown only with `verbose` or after a
+    crash, so the `error:` line is all a refused command prints and a run prints its results alone."""
+    with warnings.catch_warnings(record=True) as caught:
+        code = _outcome(run, verbose, hint)
+    if verbose or code == CRASH_EXIT:
+        for w in caught:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    return code
+
+
+def _outcome(run: Callable[[], int], verbose: bool, hint: Callable[[UserError], str]) -> int:
     try:
         return run() or 0
     except UserError as err:
@@ -91,13 +104,16 @@ def reward_settings(args: argparse.Namespace):
 
 
 def _positive(text: str) -> int:
-    """An argparse type: an integer >= 1."""
+    """An argparse type: a worker count, an integer from 1 to the CPUs here (each worker is a process with
+    its own interpreter and scorer: more than the CPUs only adds memory)."""
+    cpus = os.cpu_count() or 1
     try:
         value = int(text)
     except ValueError:
         value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    if not 1 <= value <= cpus:
+        raise argparse.ArgumentTypeError(f"expected an integer from 1 to {cpus} (the CPUs here), got "
+                                         f"{text[:40]!r}")
     return value
 
 

@@ -13,6 +13,8 @@ Example:
 """
 from __future__ import annotations
 
+QUOTE_CHARS = 200  # a value quoted in a message is cut here: a 5 MB YAML value must not flood the terminal
+
 
 class UserError(Exception):
     """A mistake in what was asked (a file, a row, a config key, a setting); the message says which."""
@@ -24,3 +26,11 @@ class UserError(Exception):
 
 class MissingFileError(UserError, FileNotFoundError):
     """A file the user named does not exist (also a `FileNotFoundError`)."""
+
+
+def quoted(value: object, limit: int = QUOTE_CHARS) -> str:
+    """`repr(value)` for a message, cut to about `limit` characters with the full length said.
+
+    Example: `quoted("x" * 10**6)` is `'xxx…' (1,000,002 characters)` at 200 characters and the note."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"

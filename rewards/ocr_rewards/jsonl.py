@@ -53,11 +53,20 @@ def parse_line(raw: bytes):
     """One line's JSON value; a ValueError gives the reason it is not UTF-8 JSON (or repeats a key)."""
     text = decode_line(raw)
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys)
+        value = json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as err:
         raise ValueError(f"not JSON ({err.msg} at column {err.colno})") from None
     except RecursionError:
         raise ValueError("not JSON (nested too deeply)") from None
+    if "\\u" in text:  # an escape may decode to half a surrogate pair: no text, and no arrow column takes it
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ValueError(f"a lone surrogate escape (\\u{ord(err.object[err.start]):04x}) where text is "
+                             "expected") from None
+        except RecursionError:
+            raise ValueError("not JSON (nested too deeply)") from None
+    return value
 
 
 def read_lines(path: str | Path, what: str) -> list[tuple[int, object, str | None]]:

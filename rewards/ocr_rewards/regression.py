@@ -84,8 +84,12 @@ def _number(row: dict, name: str) -> float | None:
     value = row.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"field {name!r} must be a finite number, got {value!r:.40}")
+    try:  # an integer too large for a float (10**400) is no bound either
+        finite = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    except OverflowError:
+        finite = False
+    if not finite:
+        raise ValueError(f"field {name!r} must be a finite number, got {str(value)[:40]}")
     return float(value)
 
 
