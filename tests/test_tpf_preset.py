@@ -101,7 +101,7 @@ def test_one_image_preparation_for_rollouts_mining_probe_and_tpf(tmp_path, capsy
 
     out = tmp_path / "tpf.json"
     assert main(["tpf", "--model", "data/tiny/vlm/model", "--pool", "data/tiny/vlm/probe", "--limit", "2",
-                 "--max-new-tokens", "8", "--image-long-side", "16", "--out", str(out)]) == 0
+                 "--max-new-tokens", "16", "--image-long-side", "16", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["settings"]["image_long_side"] == "16"
     assert main(["tpf", "--pool", "tiny-probe", "--image-long-side", "0"]) == 2
     assert "error: --image-long-side: image_long_side must be one of" in capsys.readouterr().err
