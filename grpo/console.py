@@ -51,6 +51,7 @@ def setup_logging(verbose: bool) -> None:
     for name in LOADER_LOGGERS:  # a filter survives the library setting its logger's level when it loads
         logging.getLogger(name).addFilter(_errors_only)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' loading and saving bars
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # datasets' map bars over a pool
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.showwarning = _show_once

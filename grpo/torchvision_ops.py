@@ -17,6 +17,11 @@ registered model class (`python -m vllm.model_executor.models.registry`): its mo
 with it torchvision, before `_run` loads the plugins. So where the schemas are needed, the plugin registers
 vLLM's GLM-OCR class as an imported one, which vLLM inspects in its own process instead (the subprocess only
 keeps CUDA out of the parent; this is a CPU torch).
+
+A process that imports neither `grpo` nor vLLM's plugins before torchvision (a user's own TRL script, which
+imports transformers first; `trl vllm-serve`, whose server module imports transformers before any plugin)
+needs the hook at interpreter start: `write_pth()` writes a `.pth` file that installs it in
+every process of the environment (`make setup` runs it; docs/environment.md). The wheel installs none.
 """
 from __future__ import annotations
 
@@ -112,3 +117,16 @@ def vllm_plugin() -> None:
         ModelRegistry.register_model(architecture, getattr(importlib.import_module(module), architecture))
     finally:
         registry.setLevel(level)
+
+
+PTH_NAME = "gravity_grpo_torchvision.pth"
+PTH_LINE = "import grpo.torchvision_ops as _tv; _tv.install()\n"
+
+
+def write_pth() -> Path:
+    """Write the `.pth` file that calls `install()` at every start of this environment's interpreter."""
+    import sysconfig
+
+    path = Path(sysconfig.get_paths()["purelib"]) / PTH_NAME
+    path.write_text(PTH_LINE)
+    return path

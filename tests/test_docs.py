@@ -8,6 +8,7 @@ A fenced block's info string says what it is (docs/README.md, "Command blocks"):
 - ```bash error shows a refusal on purpose: it must exit 2 with one `error:` line;
 - ```bash gpu needs a GPU, ```bash long takes longer than CI allows (the tiny checkpoints' rebuilds): not run,
   but each `gravity-grpo` command in them must name a subcommand and only flags its `--help` lists;
+- ```bash install installs the package (the test runs where it is installed): not run, pip lines only;
 - ```bash make names targets of the checkout's Makefile (`make test` runs this test): each must exist.
 
 A page whose blocks train or start vLLM is marked slow.
@@ -27,7 +28,7 @@ from helpers_env import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-RUN, SHOW_ONLY = {"bash", "console", "python"}, {"gpu", "long"}
+RUN, SHOW_ONLY = {"bash", "console", "python"}, {"gpu", "long", "install"}
 FENCE = re.compile(r"^```(\S*)[ \t]*(\S*)[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 HEAVY = re.compile(r"gravity-grpo (train|tpf|tpf-drift|mine|demo|joint|compare)\b|GRPOTrainer")
 CASES = [{"pred": "<table><tr><td>1</td></tr></table>", "ref": "<table><tr><td>1</td></tr></table>", "task": "table",
@@ -121,7 +122,7 @@ def _flags(command: str) -> set[str]:
 
 
 _SHOWN = [pytest.param(page, number, body, id=f"{page.relative_to(ROOT).as_posix()}-{number}")
-          for page in PAGES for number, (_, marker, body) in enumerate(blocks(page), 1) if marker in SHOW_ONLY]
+          for page in PAGES for number, (_, marker, body) in enumerate(blocks(page), 1) if marker in {"gpu", "long"}]
 
 
 @pytest.mark.parametrize(("page", "number", "body"), _SHOWN)
@@ -129,11 +130,19 @@ def test_gpu_and_long_blocks_use_existing_flags(page, number, body):
     from grpo.cli import COMMANDS
 
     commands = _commands(body)
-    assert commands, f"{page.name} block {number}: no gravity-grpo command"
+    assert commands or "trl vllm-serve" in body, f"{page.name} block {number}: no gravity-grpo command"
     for words in commands:
         assert words and words[0] in COMMANDS, (page.name, number, words)
         unknown = {w.split("=")[0] for w in words[1:] if w.startswith("--")} - _flags(words[0])
         assert not unknown, f"{page.name} block {number}: {words[0]} has no flag {sorted(unknown)}"
+
+
+def test_install_blocks_only_install():
+    """```bash install blocks are not run (the test runs in the installed environment): pip installs only."""
+    lines = [line.split("#")[0].strip() for page in PAGES for _, marker, body in blocks(page) if marker == "install"
+             for line in body.splitlines()]
+    lines = [line for line in lines if line]
+    assert lines and all(line.startswith("pip install ") for line in lines), lines
 
 
 def test_make_blocks_name_targets_of_the_makefile():

@@ -99,16 +99,15 @@ def test_greedy_is_ar_greedy_and_one_reload_updates_the_drafter(drafted_engine, 
 
 
 def test_glm_ocr_drafts_its_own_grpo_rollouts(tmp_path):
-    """GRPO on the tiny GLM-OCR with the engine drafting for itself (M-RoPE, images, one copy): the rollouts'
-    logprobs stay the policy's and the drafting is counted (a random model drafts about nothing)."""
+    """Check engine-selfspec-vlm: GRPO on the tiny GLM-OCR with the engine drafting for itself (M-RoPE, images,
+    one copy): the rollouts' logprobs stay the policy's, and every step commits at least 2 tokens per forward of
+    the policy's weights, the drafting forwards counted."""
     import json
-    from pathlib import Path
 
     from grpo.cli import main
 
     out = tmp_path / "run"
-    config = Path(__file__).resolve().parent.parent / "configs" / "tiny_vlm_cpu.yaml"
-    assert main(["train", "--config", str(config), "--output-dir", str(out), "--max-steps", "2", "--tpf-every", "0",
+    assert main(["train", "--config", "tiny_vlm_cpu", "--out", str(out), "--max-steps", "2", "--tpf-every", "0",
                  "--set", "vllm_self_speculation=true"]) == 0
     steps = [e for e in map(json.loads, (out / "metrics.jsonl").open()) if "loss" in e]
     assert len(steps) == 2
@@ -116,3 +115,4 @@ def test_glm_ocr_drafts_its_own_grpo_rollouts(tmp_path):
         assert entry["sampling/sampling_logp_difference/max"] <= 0.05, entry
         assert entry["rollout/tokens_per_forward"] == pytest.approx(entry["rollout/tokens_per_target_forward"] / 2)
         assert entry["rollout/accepted_per_draft"] >= 1.0, entry  # x0's proposal is the target's: always accepted
+        assert entry["rollout/tokens_per_forward"] >= 2.0, entry

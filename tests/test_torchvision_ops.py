@@ -1,10 +1,13 @@
-"""torchvision's CPU fix (grpo/torchvision_ops.py), carried by the wheel, no .pth: a new process that imports
-`grpo`, and one that loads vLLM's general plugins, import the PyPI torchvision beside torch+cpu with its real
-transforms (without the hook it does not), and vLLM inspects GLM-OCR in its own process. A VLM engine starts
-with an empty vLLM cache: tests/test_wheel_install.py."""
+"""torchvision's CPU fix (grpo/torchvision_ops.py). Carried by the wheel, without any .pth (children run with
+`-S`, so no .pth file of this environment runs): a new process that imports `grpo`, and one that loads vLLM's
+general plugins, import the PyPI torchvision beside torch+cpu with its real transforms (without the hook it does
+not), and vLLM inspects GLM-OCR in its own process. A VLM engine starts with an empty vLLM cache:
+tests/test_wheel_install.py. For processes that import neither first: the environment's .pth
+(`grpo.torchvision_ops.write_pth`, which `make setup` runs)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 import sysconfig
@@ -14,21 +17,31 @@ import pytest
 from helpers_env import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
+PURELIB = sysconfig.get_paths()["purelib"]
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torchvision") is None,
                                 reason="torchvision is not installed here: run `make setup`")
 CPU_TORCH = "import torch\nif torch.version.cuda is not None: raise SystemExit(3)\n"
 
 
-def _python(code: str) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=child_env(PYTHONPATH=str(ROOT)),
+def _python(code: str, site: bool = False) -> subprocess.CompletedProcess:
+    """`code` in a new interpreter; without `site`, no .pth file runs (`-S`, site-packages on PYTHONPATH)."""
+    flags, path = ([], str(ROOT)) if site else (["-S"], os.pathsep.join([str(ROOT), PURELIB]))
+    done = subprocess.run([sys.executable, *flags, "-c", code], cwd=ROOT, env=child_env(PYTHONPATH=path),
                           capture_output=True, text=True, timeout=300)
     if done.returncode == 3:
         pytest.skip("a CUDA torch: the fix does nothing there")
     return done
 
 
-def test_no_pth_file_starts_with_the_interpreter():
-    assert sorted(p.name for p in Path(sysconfig.get_paths()["purelib"]).glob("*torchvision*.pth")) == []
+def test_the_environments_pth_lets_a_script_import_transformers_first():
+    """A user's own TRL script imports transformers (and with it torchvision) before anything of `grpo`."""
+    from grpo.torchvision_ops import PTH_LINE, PTH_NAME
+
+    assert (Path(PURELIB) / PTH_NAME).read_text() == PTH_LINE  # `make setup` wrote it
+    done = _python(CPU_TORCH + "from transformers.image_utils import load_image\nimport sys, torchvision\n"
+                   "print(sys.modules['grpo.torchvision_ops']._library is not None)", site=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "True"
 
 
 def test_importing_grpo_lets_torchvision_and_its_transforms_import():

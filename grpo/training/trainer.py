@@ -47,8 +47,10 @@ STAGE_LINE = "rank {rank} (pid {pid}): stage {stage}"
 
 
 def mark_stage(stage: str) -> None:
-    """Log that this process reached start-up `stage` (one line of the form `STAGE_LINE`)."""
-    logger.info(STAGE_LINE.format(rank=os.environ.get("RANK", "0"), pid=os.getpid(), stage=stage))
+    """Log that this process reached start-up `stage` (one line of the form `STAGE_LINE`): at INFO where several
+    processes can wait on each other (a launch), else at DEBUG (`-v`)."""
+    level = logging.INFO if int(os.environ.get("WORLD_SIZE", "1")) > 1 else logging.DEBUG
+    logger.log(level, STAGE_LINE.format(rank=os.environ.get("RANK", "0"), pid=os.getpid(), stage=stage))
 
 
 # Phases of the wall-time split, in the order they are reported.
