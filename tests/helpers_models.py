@@ -244,3 +244,15 @@ def glm_with_image_rows(folder: Path, prompts: list[str], seed: int = 0, model_s
     rows = [{"prompt": prompt, "image": random_image(gen, 8 + 4 * (i % 5), 8 + 4 * (i % 3))}
             for i, prompt in enumerate(prompts)]
     return ckpt, build_glm_processor(ckpt.processor), rows
+
+
+def sampled_logprobs(model, outs):
+    """(the engine's logprobs, the policy's own) of every sampled completion in vLLM outputs `outs`, as tensors
+    over the completion's tokens; the engine must have been asked for `logprobs=0`."""
+    for out in outs:
+        for sample in out.outputs:
+            ids = torch.tensor([list(out.prompt_token_ids) + list(sample.token_ids)])
+            with torch.no_grad():
+                logp = model(ids).logits[0, len(out.prompt_token_ids) - 1:-1].log_softmax(-1)
+            expected = logp[torch.arange(len(sample.token_ids)), list(sample.token_ids)]
+            yield torch.tensor([lp[t].logprob for lp, t in zip(sample.logprobs, sample.token_ids)]), expected

@@ -2,6 +2,7 @@
 the target model itself, so one weight reload updates the drafter."""
 import pytest
 import torch
+from helpers_models import sampled_logprobs
 
 from grpo.rollouts.engine import reset_caches
 from grpo.rollouts.engine_selfspec import rollout_metrics, spec_counters
@@ -61,14 +62,8 @@ def test_sampled_tokens_carry_the_policys_logprobs(drafted_engine, policy):
     outs = drafted_engine.generate(prompts, SamplingParams(temperature=1.0, n=4, seed=0, max_tokens=MAX_NEW,
                                                            logprobs=0), use_tqdm=False)
     assert rollout_metrics(before, spec_counters(drafted_engine), drafted=True)["rollout/accepted_per_draft"] >= 2.0
-    for out in outs:
-        for sample in out.outputs:
-            ids = torch.tensor([list(out.prompt_token_ids) + list(sample.token_ids)])
-            with torch.no_grad():
-                logp = model(ids).logits[0, len(out.prompt_token_ids) - 1:-1].log_softmax(-1)
-            expected = logp[torch.arange(len(sample.token_ids)), list(sample.token_ids)]
-            got = torch.tensor([lp[t].logprob for lp, t in zip(sample.logprobs, sample.token_ids)])
-            torch.testing.assert_close(got, expected, atol=1e-3, rtol=0)
+    for got, expected in sampled_logprobs(model, outs):
+        torch.testing.assert_close(got, expected, atol=1e-3, rtol=0)
 
 
 def test_greedy_is_ar_greedy_and_one_reload_updates_the_drafter(drafted_engine, policy):

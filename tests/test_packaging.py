@@ -8,10 +8,12 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tomllib
 import zipfile
 from pathlib import Path
@@ -34,8 +36,11 @@ def _absolute_imports(path: Path) -> set[str]:
 
 
 def _grpo_modules(code: str) -> set[str]:
+    """The `grpo` modules after `code`, in an interpreter where no .pth file runs (`-S`: the environment's
+    torchvision .pth imports `grpo` at every start; the checkout and site-packages are on PYTHONPATH instead)."""
     probe = f"{code}\nimport sys; print(sorted(m for m in sys.modules if m.split('.')[0] == 'grpo'))"
-    out = subprocess.run([sys.executable, "-c", probe], env=child_env(PYTHONPATH=str(REPO)), capture_output=True,
+    path = os.pathsep.join([str(REPO), str(REPO / "rewards"), sysconfig.get_paths()["purelib"]])
+    out = subprocess.run([sys.executable, "-S", "-c", probe], env=child_env(PYTHONPATH=path), capture_output=True,
                          text=True, check=True).stdout
     return set(ast.literal_eval(out.strip().splitlines()[-1]))
 

