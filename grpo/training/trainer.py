@@ -402,10 +402,9 @@ def write_final_model(trainer: GravityGRPOTrainer, run: RunDir, recipe: str | No
     trainer.save_model(str(run.path))
     if not trainer.accelerator.is_main_process:
         return
-    source = trainer.model_source
     settings = trainer.args.reward_settings
     run.write_model_card(model_card(
-        source=source.describe() if hasattr(source, "describe") else str(source), recipe=recipe,
+        source=trainer.model_source.describe(), recipe=recipe,
         steps=trainer.state.global_step, held_out=held_out_change(run),
         rewards=f"OcrReward(gate={settings.gate!r}, table_bonus={settings.table_bonus!r})"))
 
@@ -456,8 +455,8 @@ def _train(config: GravityGRPOConfig, resume: str | bool | None, pools: dict, re
     trainer.accelerator.wait_for_everyone()  # the files are complete before any process reads them
     mark_stage("finished")
     probe = next((c for c in trainer.callback_handler.callbacks if isinstance(c, TpfProbeCallback)), None)
-    files = {"final model and its card": MODEL_CARD, "held-out reward and TPF": DRIFT_PNG, "training reward": REWARD_PNG, "metrics": METRICS_JSONL,
-             "wall-time split": WALL_TIME}
+    files = {"final model and its card": MODEL_CARD, "held-out reward and TPF": DRIFT_PNG, "training reward": REWARD_PNG,
+             "metrics": METRICS_JSONL, "wall-time split": WALL_TIME}
     return {"trainer": trainer, "output_dir": run.path, "steps": trainer.state.global_step,
             "rewards": curves["reward"], "tpf": drift_records(history), "held_out": held_out_change(run),
             "wall_time": split, "stopped_at": probe.stopped_at if probe else None, "main_process": main_process,
