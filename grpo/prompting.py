@@ -10,31 +10,17 @@ Example:
 """
 from __future__ import annotations
 
-import io
 from typing import Any, Mapping
 
 import torch
+
+from grpo.crop_size import fit_long_side, load_image
 
 
 def _field(row: Mapping[str, Any], name: str) -> Any:
     if name not in row or row[name] is None:
         raise ValueError(f"pool row has no {name!r} field (fields: {sorted(row)})")
     return row[name]
-
-
-def load_image(value: Any) -> Any:
-    """A PIL RGB image from a PIL image, bytes, a path, or a `datasets` image dict ({'bytes', 'path'})."""
-    from PIL import Image
-
-    if isinstance(value, Mapping):
-        value = value.get("bytes") or value.get("path")
-    if isinstance(value, (bytes, bytearray)):
-        value = Image.open(io.BytesIO(value))
-    elif isinstance(value, str):
-        value = Image.open(value)
-    if not isinstance(value, Image.Image):
-        raise ValueError(f"pool row field 'image': cannot read an image from {type(value).__name__}")
-    return value.convert("RGB")
 
 
 def user_turn(prompt: str, image: Any = None, image_part: str = "image") -> list[dict]:
@@ -57,7 +43,7 @@ def handles_images(processor: Any) -> bool:
 def encode_prompt(processor: Any, row: Mapping[str, Any], is_vlm: bool,
                   image_long_side: str | int | None = None) -> dict[str, torch.Tensor]:
     """Model inputs (batch of one, tensors) for one pool row, its crop fitted to `image_long_side`
-    (`grpo.rollouts.image_prompts.fit_long_side`; None or 'full': as given)."""
+    (`grpo.crop_size.fit_long_side`; None or 'full': as given)."""
     prompt = _field(row, "prompt")
     if not isinstance(prompt, str):
         raise ValueError(f"pool row field 'prompt' must be a string, got {type(prompt).__name__}")
@@ -67,8 +53,6 @@ def encode_prompt(processor: Any, row: Mapping[str, Any], is_vlm: bool,
     if not handles_images(processor):
         raise ValueError("encoding an image prompt needs the model's processor (with its image processor), "
                          f"got {type(processor).__name__}")
-    from grpo.rollouts.image_prompts import fit_long_side
-
     messages = user_turn(prompt, fit_long_side(load_image(_field(row, "image")), image_long_side))
     return dict(processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                               return_dict=True, return_tensors="pt"))

@@ -10,7 +10,7 @@ import pytest
 
 from grpo.cli import main
 from grpo.decoding.presets import PRESETS
-from grpo.rollouts.image_prompts import fit_long_side, long_side
+from grpo.crop_size import fit_long_side, long_side
 
 GRAVITYOCR_CAPS = {"text": 512, "table": 4096, "formula": 4096}  # MAX_NEW_TOKENS of GravityOCR's inference
 
@@ -78,7 +78,7 @@ def test_one_image_preparation_for_rollouts_mining_probe_and_tpf(tmp_path, capsy
     from grpo.evaluation.drift import ProbeSettings
     from grpo.pool import load_pool
     from grpo.prompting import encode_prompt
-    from grpo.rollouts.image_prompts import with_long_side
+    from grpo.crop_size import with_long_side
     from grpo.training.config import load_config
     from grpo.checkpoint import load_checkpoint
     from grpo.yaml_config import ConfigError

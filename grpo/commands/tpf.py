@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="round layout (docs/spec.md §5): package, x0 from the prefill; gravityocr, GravityOCR's "
                              "(batch 1, greedy; default: the preset's)")
     parser.add_argument("--image-long-side", default=None, metavar="full|768|1344|N",
-                        help="long side crops are resized to (grpo/rollouts/image_prompts.py; default: the "
+                        help="long side crops are resized to (grpo/crop_size.py; default: the "
                              "preset's, full)")
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help="output cap per prompt (default: the preset's per task, else 512)")
@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     from grpo.errors import UserError
     from grpo.hardware import torch_device, torch_device_named
     from grpo.outputs import atomic_write, output_file
-    from grpo.rollouts.image_prompts import long_side
+    from grpo.crop_size import long_side
 
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit must be >= 1, got {args.limit}")

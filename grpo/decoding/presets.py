@@ -15,7 +15,7 @@
   package's layout (`round: package`) except in `gravityocr-bench`.
 
 Every `tpf` JSON and drift record carries `settings_record(...)`: preset, dtype, caps per task, block size, stop
-ids, `image_long_side` (the preset's unless the run or command sets it; `grpo.rollouts.image_prompts`), batch
+ids, `image_long_side` (the preset's unless the run or command sets it; `grpo.crop_size`), batch
 size and the TPF conventions.
 
 Example:
@@ -43,7 +43,7 @@ class DecodePreset:
     name: str
     dtype: str                               # torch dtype name the model is loaded in
     max_new_tokens: Mapping[str, int] | None  # cap per task; None: the caller's one cap for every task
-    image_long_side: str                     # crops fitted to it (grpo.rollouts.image_prompts.fit_long_side)
+    image_long_side: str                     # crops fitted to it (grpo.crop_size.fit_long_side)
     stop: str                                # "eos+generation_config" or "tokenizer_eos"
     round: str = "package"                   # a key of ROUNDS
 

@@ -131,7 +131,7 @@ def decode_rows(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
     `reward_settings`, default `ocr_rewards.settings.HELD_OUT`), `length_bin`, `wall_s` (the
     row's share of its batch's decode time). The model's train/eval mode is restored afterwards.
     `preset` (`grpo.decoding.presets`) sets the output cap per task (`max_new_tokens` where it has none), the
-    stop ids, the crops' `image_long_side` (unless given: `grpo.rollouts.image_prompts`) and the round layout
+    stop ids, the crops' `image_long_side` (unless given: `grpo.crop_size`) and the round layout
     (`round: gravityocr`: `GravityRoundDecoder`, batch 1, greedy; its output may run past the cap, and AR
     equality compares its first `max_new_tokens` tokens).
     """

@@ -33,7 +33,7 @@ class ProbeSettings:
     temperature: float   # the sampled probe's: the rollout temperature
     samples: int         # sampled draws per prompt (0: greedy only)
     preset: str = "cpu"  # grpo.decoding.presets: caps per task, stop ids
-    image_long_side: str = "full"  # the run's, as its rollouts see crops (grpo.rollouts.image_prompts)
+    image_long_side: str = "full"  # the run's, as its rollouts see crops (grpo.crop_size)
 
     CONFIG_FIELDS = {"max_new_tokens": "tpf_max_new_tokens", "batch_size": "tpf_batch_size",
                      "temperature": "temperature", "samples": "tpf_samples", "preset": "tpf_preset",

@@ -29,7 +29,7 @@ from grpo.rollouts.sampling import INDEX, HfSampler, VllmSampler
 from grpo.mining.selection import PREFER, STAT_COLUMNS, RankRule, prompt_stats, select
 from grpo.mining.store import MiningError, MiningStore, check_manifest, pool_fingerprint
 from grpo.outputs import atomic_write, output_folder, set_aside, temporary
-from grpo.rollouts.image_prompts import image_long_side_field, long_side, with_long_side
+from grpo.crop_size import image_long_side_field, long_side, with_long_side
 from grpo.yaml_config import Fields
 from ocr_rewards.settings import RewardFields
 

@@ -21,68 +21,14 @@ server's encoder cache after every weight sync (`resetting_server_encoder_cache`
 ids, and the per-token `mm_token_type_ids`) differ in length, e.g. a chat template that writes the BOS token
 the tokenizer adds again.
 
-The one image preparation: `fit_long_side` resizes a crop as setting `image_long_side` says, and every path
-that feeds crops to the policy goes through it (the training pool that TRL and the vLLM rollouts read,
-`with_long_side`; mining; the TPF probe and `gravity-grpo tpf` through `grpo.prompting.encode_prompt`).
-Its values (`LONG_SIDES`, or any N >= 1):
-- `full`: crops as given, the published OmniDocBench evaluation of GravityOCR (`slurm/eval_omnidocbench.slurm`
-  passes `--max_long_side 99999`, "never downscale");
-- `768`: the default of GravityOCR's inference script (`src/infer_omnidocbench.py`, `MAX_LONG_SIDE`);
-- `1344`: the default of its decode functions, which its forward bench (`tools/bench_forwards.py`) uses.
-A crop whose long side is over the limit is resized to it (LANCZOS, the other side `int(side * scale)`).
+Crops are sized before they get here (`grpo.crop_size`).
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any, Callable
 
 from grpo.errors import UserError
-
-LONG_SIDES = {"full": None, "768": 768, "1344": 1344}
-IMAGE_LONG_SIDE_HELP = ("Long side crops are resized to before the policy sees them, in rollouts, mining, the TPF "
-                        "probe and `tpf` (grpo/rollouts/image_prompts.py): 'full' (as given, GravityOCR's published "
-                        "evaluation), '768' (its inference default), '1344' (its forward bench) or any N >= 1.")
-
-
-def long_side(value: Any) -> int | None:
-    """The pixel limit `value` (a name of `LONG_SIDES`, or N >= 1) names; None for `full`; a ValueError else."""
-    text = str(value).strip()
-    if text in LONG_SIDES:
-        return LONG_SIDES[text]
-    if text.isdigit() and int(text) >= 1:
-        return int(text)
-    raise ValueError(f"image_long_side must be one of {', '.join(LONG_SIDES)} or a number of pixels >= 1, "
-                     f"got {value!r}")
-
-
-def image_long_side_field(default: str = "full") -> Any:
-    """The config field `image_long_side`, shared by the configs of train and mine."""
-    return dataclasses.field(default=default, metadata={"help": IMAGE_LONG_SIDE_HELP})
-
-
-def fit_long_side(image: Any, side: str | int | None) -> Any:
-    """`image` (PIL) resized so that its long side is at most `side` (`long_side`'s values); as given when it
-    fits or `side` is `full`."""
-    from PIL import Image
-
-    limit = long_side(side) if side is not None else None
-    w, h = image.size
-    if limit is None or max(w, h) <= limit:
-        return image
-    scale = limit / max(w, h)
-    return image.resize((int(w * scale), int(h * scale)), Image.LANCZOS)
-
-
-def with_long_side(ds: Any, side: str | int | None) -> Any:
-    """The pool `ds` (a `datasets.Dataset`) with every `image` fitted to `side`; `ds` itself at `full` or
-    without images."""
-    if long_side(side) is None or "image" not in ds.column_names:
-        return ds
-    from grpo.prompting import load_image
-
-    return ds.map(lambda row: {"image": fit_long_side(load_image(row["image"]), side)})
-
 
 class PromptMismatchError(RuntimeError):
     """The engine processed other prompt ids than the ones the loss scores."""

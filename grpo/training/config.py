@@ -22,7 +22,7 @@ from typing import Any, Literal
 from trl import GRPOConfig, ModelConfig
 
 from grpo.training.drafter_loss import DRAFTER_COMPLETIONS, DRAFTER_TARGETS
-from grpo.rollouts.image_prompts import image_long_side_field, long_side
+from grpo.crop_size import image_long_side_field, long_side
 from grpo.yaml_config import ConfigError, Fields, build
 from ocr_rewards.settings import RewardFields
 

@@ -347,7 +347,8 @@ def prepare_run(config: GravityGRPOConfig, pools: dict | None = None) -> tuple[A
     logger.info("model: %s", ckpt.source.describe())
     pool = as_prompts(pools["pool"], ckpt.is_vlm)
     if ckpt.is_vlm:
-        from grpo.rollouts.image_prompts import check_prompt_alignment, with_long_side
+        from grpo.crop_size import with_long_side
+        from grpo.rollouts.image_prompts import check_prompt_alignment
 
         pool = with_long_side(pool, config.image_long_side)  # what TRL, the vLLM rollouts and the loss see
         check_prompt_alignment(ckpt.processor, pool[0])
