@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 from grpo.rollouts.engine import free_port
-from grpo.training.trainer import STAGE_LINE
+from grpo.training.run import STAGE_LINE
 from helpers_env import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,7 +28,7 @@ _STAGE = re.compile(re.escape(STAGE_LINE).replace(r"\{rank\}", r"(?P<rank>\d+)")
 
 
 def stages(log: str) -> dict[str, str]:
-    """The last start-up stage each rank logged (`grpo.training.trainer.mark_stage`), by rank."""
+    """The last start-up stage each rank logged (`grpo.training.run.mark_stage`), by rank."""
     return {m["rank"]: m["stage"] for m in _STAGE.finditer(log)}
 
 

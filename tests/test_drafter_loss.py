@@ -103,7 +103,8 @@ def _step(tmp_path, name, plain=False, **overrides):
     from trl import GRPOTrainer
 
     from grpo.training.config import load_config
-    from grpo.training.trainer import GravityGRPOTrainer, run_training
+    from grpo.training.run import run_training
+    from grpo.training.trainer import GravityGRPOTrainer
 
     config = load_config("configs/tiny_cpu.yaml", {**STEP, "output_dir": str(tmp_path / name), **overrides})
     patch = mock.patch.object(GravityGRPOTrainer, "compute_loss", GRPOTrainer.compute_loss) if plain else None

@@ -11,7 +11,7 @@ import torch
 
 from grpo.checkpoint import load_checkpoint, tokenizer_of
 from grpo.training.config import GravityGRPOConfig
-from grpo.training.trainer import qlora_quantization_config, rollout_generation_kwargs
+from grpo.training.run import qlora_quantization_config, rollout_generation_kwargs
 from grpo.rollouts.engine import ban_tokens_kwargs, image_token_ids, merge_sampling_kwargs, set_engine_env
 from helpers_models import IMAGE_TOKENS, build_glmocr_checkpoint
 

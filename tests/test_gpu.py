@@ -102,7 +102,7 @@ def _reload(checkpoint: Path, is_vlm: bool, rows) -> dict:
 
 def _in_process(config_path: Path, overrides: dict):
     from grpo.training.config import load_config
-    from grpo.training.trainer import run_training
+    from grpo.training.run import run_training
 
     summary = run_training(load_config(config_path, overrides))
     trainer = summary["trainer"]

@@ -24,7 +24,7 @@ def test_lora_grpo_engine_and_probe_use_the_adapted_weights(tmp_path):
     from grpo.checkpoint import load_checkpoint
     from grpo.training.config import load_config
     from grpo.decoding.tpf import measure_tpf
-    from grpo.training.trainer import run_training
+    from grpo.training.run import run_training
 
     ckpt_dir = build_text_checkpoint(tmp_path / "ckpt", hidden=128)
     pool = tmp_path / "pool.jsonl"

@@ -56,7 +56,7 @@ def run(tmp_path_factory):
     """(config, interrupted-run files, resumed-run summary, initial greedy outputs)."""
     from grpo.checkpoint import load_checkpoint
     from grpo.training.config import load_config
-    from grpo.training.trainer import build_trainer, run_training
+    from grpo.training.run import build_trainer, run_training
 
     root = tmp_path_factory.mktemp("grpo")
     ckpt_dir = build_text_checkpoint(root / "ckpt", hidden=128)  # head_dim 32: vLLM CPU serves it

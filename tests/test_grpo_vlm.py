@@ -92,7 +92,7 @@ def test_vllm_refuses_a_glm_ocr_it_would_load_wrong_with_the_reason(vlm, tmp_pat
     import importlib.util
 
     from grpo.training.config import ConfigError, load_config
-    from grpo.training.trainer import build_trainer
+    from grpo.training.run import build_trainer
 
     ckpt_dir, pool_path, _ = vlm
     config = load_config(None, dict(model=str(ckpt_dir), pool=str(pool_path), probe_set=str(pool_path),

@@ -17,7 +17,7 @@ from grpo.checkpoint import BD_FILE, TINY_MODEL
 from grpo.errors import UserError
 from grpo.training.config import load_config
 from grpo.training.preflight import preflight
-from grpo.training.trainer import prepare_run
+from grpo.training.run import prepare_run
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "configs" / "tiny_cpu.yaml"

@@ -37,7 +37,7 @@ def test_rollout_seeds_differ_per_generation_call():
 
 @pytest.mark.slow
 def test_grpo_steps_with_selfspec_rollouts(tmp_path):
-    from grpo.training.trainer import run_training
+    from grpo.training.run import run_training
 
     ckpt_dir = build_text_checkpoint(tmp_path / "ckpt", hidden=64)
     pool = tmp_path / "pool.jsonl"

@@ -183,7 +183,7 @@ def test_grpo_run_with_vllm_images_and_its_checkpoint(tmp_path):
     from grpo.checkpoint import load_checkpoint
     from grpo.cli import main
     from grpo.training.config import load_config
-    from grpo.training.trainer import run_training
+    from grpo.training.run import run_training
 
     out = tmp_path / "run"
     config = load_config(ROOT / "configs" / "tiny_vlm_cpu.yaml",

@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     from grpo.commands.train import print_summary
     from grpo.console import console
     from grpo.training.config import load_config
-    from grpo.training.trainer import run_training
+    from grpo.training.run import run_training
 
     config = load_config(args.config, {"output_dir": str(args.output_dir), "max_steps": args.max_steps})
     console.print(f"GRPO on {config.model} with pool {config.pool}: {config.max_steps} steps, "

@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
 
     compile_where_possible()  # before the config: building it starts DeepSpeed's process group under a launcher
     config = load_config(args.config, overrides(args))  # a config mistake stops here, before vLLM is imported
-    from grpo.training.trainer import run_training
+    from grpo.training.run import run_training
 
     summary = run_training(config, resume=args.resume, overwrite=args.overwrite, recipe=args.config)
     print_summary(summary)

@@ -30,7 +30,7 @@ TPF_FLOOR_ACTIONS = ("warn", "stop")
 COMPARE_AR = ("always", "first", "never", "sample")
 ROLLOUT_DECODERS = ("hf", "selfspec")
 # ModelConfig fields this package does not read (`model` names the checkpoint, loaded in float32; QLoRA's
-# quantization is `grpo.training.trainer.qlora_quantization_config`): not config keys.
+# quantization is `grpo.training.run.qlora_quantization_config`): not config keys.
 UNUSED_MODEL_FIELDS = frozenset({"model_name_or_path", "model_revision", "dtype", "attn_implementation", "load_in_8bit",
                                  "bnb_4bit_quant_type", "use_bnb_nested_quant", "bnb_4bit_quant_storage"})
 # The fields `train --help` lists (every other field of GRPOConfig is accepted as a flag too).

@@ -1,6 +1,6 @@
 """The one run check of a GRPO run: config, prompt pool, checkpoint, engine, launcher, hardware and what training
 supports. `train --dry-run` runs it (`preflight`) without training; training runs it first (`require_runnable`,
-from `grpo.training.trainer.prepare_run`), so both refuse the same runs with the same messages.
+from `grpo.training.run.prepare_run`), so both refuse the same runs with the same messages.
 
 Every check runs, problems are collected, and `PreflightReport.raise_for_problems` raises one `ConfigError`
 listing them all. The batch geometry is TRL's own: `GRPOConfig.__post_init__` runs as if `num_processes`
