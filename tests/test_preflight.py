@@ -109,7 +109,7 @@ def test_probe_cost_counts_the_ar_check_only_where_it_runs(compare, first, later
     """4 prompts x 2 tokens at TPF 4: 2 self-spec forwards; AR greedy adds 8 where tpf_compare_ar runs it (6 for
     the 3 prompts of 'sample')."""
     from grpo.training.config import load_config
-    from grpo.training.preflight import probe_facts
+    from grpo.training.report import probe_facts
 
     cfg = load_config(None, {"output_dir": "/tmp/unused", "use_cpu": True, "probe_size": 4, "tpf_max_new_tokens": 2,
                              "tpf_every": 5, "max_steps": 10, "tpf_compare_ar": compare, "tpf_compare_ar_k": 3,

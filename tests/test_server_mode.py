@@ -68,7 +68,7 @@ def served() -> str:
 def server(tmp_path_factory):
     """The base URL of the server of `serve_command`, in its own process group."""
     from grpo.rollouts.engine import free_port
-    from grpo.training.preflight import served_model
+    from grpo.training.machine_check import served_model
     from helpers_env import child_env
 
     port = free_port()

@@ -43,9 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "complete, then removed: nothing of it is left)")
 
 
-def overrides(args: argparse.Namespace) -> dict:
-    """Config keys set on the command line, typed by their fields: the flags, then every --set KEY=VALUE."""
-    return _fields().command_line(args)
+def overrides(args: argparse.Namespace, problems: list[str] | None = None) -> dict:
+    """Config keys set on the command line, typed by their fields: the flags, then every --set KEY=VALUE (with
+    `problems`, each bad one is listed there and left out)."""
+    return _fields().command_line(args, problems)
 
 
 def held_out_table(change: dict):
@@ -106,12 +107,11 @@ def print_preflight(report) -> None:
 def dry_run(args: argparse.Namespace) -> int:
     from grpo.console import console
     from grpo.training.preflight import preflight
-    from grpo.yaml_config import ConfigError
 
-    if args.num_processes is not None and args.num_processes < 1:
-        raise ConfigError(f"num_processes must be >= 1, got {args.num_processes}", setting="num_processes")
-    report = preflight(args.config, overrides(args), num_processes=args.num_processes,
-                       accelerate_config=args.accelerate_config, resume=args.resume, overwrite=args.overwrite)
+    problems: list[str] = []
+    given = overrides(args, problems)
+    report = preflight(args.config, given, num_processes=args.num_processes, accelerate_config=args.accelerate_config,
+                       resume=args.resume, overwrite=args.overwrite, problems=problems)
     print_preflight(report)
     report.raise_for_problems()
     console.print("dry run: the run would start", style="green")
@@ -126,7 +126,9 @@ def run(args: argparse.Namespace) -> int:
     from grpo.paths import compile_where_possible
 
     compile_where_possible()  # before the config: building it starts DeepSpeed's process group under a launcher
-    config = load_config(args.config, overrides(args))  # a config mistake stops here, before vLLM is imported
+    problems: list[str] = []
+    given = overrides(args, problems)
+    config = load_config(args.config, given, problems)  # every value's problem stops here, before vLLM is imported
     from grpo.training.run import run_training
 
     summary = run_training(config, resume=args.resume, overwrite=args.overwrite, recipe=args.config)

@@ -13,8 +13,9 @@ Example:
 """
 from __future__ import annotations
 
-import functools
 import dataclasses
+import functools
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -23,7 +24,8 @@ from trl import GRPOConfig, ModelConfig
 
 from grpo.training.drafter_loss import DRAFTER_COMPLETIONS, DRAFTER_TARGETS
 from grpo.crop_size import image_long_side_field, long_side
-from grpo.yaml_config import ConfigError, Fields, build
+from grpo.errors import quoted
+from grpo.yaml_config import ConfigError, Fields, read_recipe
 from ocr_rewards.settings import RewardFields
 
 TPF_FLOOR_ACTIONS = ("warn", "stop")
@@ -33,10 +35,57 @@ ROLLOUT_DECODERS = ("hf", "selfspec")
 # quantization is `grpo.training.run.qlora_quantization_config`): not config keys.
 UNUSED_MODEL_FIELDS = frozenset({"model_name_or_path", "model_revision", "dtype", "attn_implementation", "load_in_8bit",
                                  "bnb_4bit_quant_type", "use_bnb_nested_quant", "bnb_4bit_quant_storage"})
+# Upper bounds of the counts and caps: past them a value is a typo, and some would make the checks themselves
+# (the probe schedule, the batch arithmetic) or the run loop without end.
+MAX_STEPS = 10_000_000  # optimizer steps (and step intervals): the paper's runs take hundreds
+MAX_SEED = 2**32 - 1  # numpy's and the samplers' seeds are 32-bit; torch takes more, numpy refuses it
+MAX_NUM_GENERATIONS = 1024  # completions per prompt: recipes use 8 to 64; more is a typo, not a group
+MAX_BATCH = 65_536  # completions or prompts held at once (texts, logits' rows, rewards)
+MAX_TOKENS = 1_048_576  # output caps and context lengths, in tokens
+MAX_PROMPTS = 100_000  # probe prompts
+MAX_SAMPLES = 1024  # sampled decodes per probe prompt
+MAX_THREADS = 4096  # torch threads
+MAX_EPOCHS = 1_000_000  # passes over the pool
+MAX_LORA_RANK = 65_536
+MAX_PROCESSES = 65_536  # launched processes: the largest clusters run a few thousand GPUs
+MAX_NUMBER = 1_000_000_000  # any other number of a config: every field is a count, a rate or a setting below it
 # The fields `train --help` lists (every other field of GRPOConfig is accepted as a flag too).
 SHOWN_TRL_FIELDS = frozenset({"output_dir", "max_steps", "learning_rate", "seed", "num_generations",
                               "per_device_train_batch_size", "gradient_accumulation_steps", "beta", "use_vllm",
                               "use_cpu", "bf16", "max_completion_length", "save_steps", "report_to"})
+
+
+def refusal(problems: list[str]) -> str:
+    """The one text that refuses a run: the dry run's and the run's, one line per problem."""
+    lines = "\n".join(f"  - {p}" for p in problems)
+    return f"the run would not start ({len(problems)} problem(s)):\n{lines}"
+
+
+class ConfigProblems(ConfigError):
+    """Every problem found in a run's config (`problems`, one line each), refused together (`refusal`)."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__(refusal(problems))
+        self.problems = list(problems)
+
+
+def value_problems(config: Any, rules: list[tuple[str, Any, str]]) -> list[str]:
+    """The values of `config` (a dataclass) out of bounds: `rules` (field, test, what it must be) on the fields
+    that are set, and every number finite and within `MAX_NUMBER`."""
+    tests = {name: (fine, wanted) for name, fine, wanted in rules}
+    out = []
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name, None)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        fine, wanted = tests.get(f.name, (None, None))
+        if not math.isfinite(value):
+            out.append(f"{f.name} must be a finite number, got {value}")
+        elif fine is not None and not fine(value):
+            out.append(f"{f.name} must be {wanted}, got {quoted(value)}")
+        elif abs(value) > MAX_NUMBER:
+            out.append(f"{f.name} must be a number within ±{MAX_NUMBER:,}, got {quoted(value)}")
+    return out
 
 
 @dataclass
@@ -47,12 +96,20 @@ class GravityModelConfig(ModelConfig):
         "help": "Modules that get LoRA adapters: names, or all-linear (the default)."})
 
     def __post_init__(self):
+        problems = self.problems()
+        if problems:
+            raise ConfigProblems(problems)
         super().__post_init__()
+
+    def problems(self) -> list[str]:
+        """Every LoRA/quantization value no run accepts, one line each."""
+        rules = [("lora_r", lambda v: 1 <= v <= MAX_LORA_RANK, f"an integer in [1, {MAX_LORA_RANK:,}]"),
+                 ("lora_alpha", lambda v: 0 < v <= MAX_NUMBER, f"a number in (0, {MAX_NUMBER:,}]"),
+                 ("lora_dropout", lambda v: 0 <= v < 1, "a number in [0, 1)")]
+        out = value_problems(self, rules)
         if self.load_in_4bit and not self.use_peft:
-            raise ConfigError("load_in_4bit (QLoRA) trains adapters on frozen 4-bit weights: set use_peft: true")
-        if self.use_peft and (self.lora_r < 1 or self.lora_alpha <= 0 or not 0 <= self.lora_dropout < 1):
-            raise ConfigError(f"LoRA settings out of range: lora_r={self.lora_r} (>= 1), "
-                              f"lora_alpha={self.lora_alpha} (> 0), lora_dropout={self.lora_dropout} (in [0, 1))")
+            out.append("load_in_4bit (QLoRA) trains adapters on frozen 4-bit weights: set use_peft: true")
+        return out
 
 
 @dataclass
@@ -138,71 +195,93 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
     model_args: GravityModelConfig = field(default_factory=GravityModelConfig, init=False, repr=False)
 
     def __post_init__(self):
-        for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
-                     "num_generations", "generation_batch_size", "steps_per_generation"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigError(f"{name} must be >= 1, got {value}")
+        problems = self.problems()  # first: TRL's own checks divide by some of these values
+        if problems:
+            raise ConfigProblems(problems)
         super().__post_init__()
-        if self.probe_size < 1:
-            raise ConfigError(f"probe_size must be >= 1, got {self.probe_size}")
-        if self.tpf_every < 0:
-            raise ConfigError(f"tpf_every must be >= 0 (0 disables the probe), got {self.tpf_every}")
-        if self.tpf_max_new_tokens < 1:
-            raise ConfigError(f"tpf_max_new_tokens must be >= 1, got {self.tpf_max_new_tokens}")
-        if self.cpu_threads is not None and self.cpu_threads < 1:
-            raise ConfigError(f"cpu_threads must be >= 1 (or absent for torch's default), got {self.cpu_threads}")
-        try:
-            self.reward_settings
-            long_side(self.image_long_side)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
+        if self.generation_batch_size > MAX_BATCH:  # TRL's product of batch size, accumulation and processes
+            raise ConfigProblems([f"generation_batch_size must be at most {MAX_BATCH:,} completions, got "
+                                  f"{self.generation_batch_size:,}"])
+
+    def problems(self) -> list[str]:
+        """Every value of this config that no run accepts, one line each, named by key with what it must be:
+        ranges and bounds (`value_problems`), then the settings that exclude each other."""
+        return value_problems(self, self._ranges()) + self._setting_problems()
+
+    @staticmethod
+    def _ranges() -> list[tuple[str, Any, str]]:
+        """(field, test of its value, what it must be); None values (unset) are not tested."""
+        def within(low: float, high: float, what: str = "an integer") -> tuple[Any, str]:
+            return (lambda v: low <= v <= high), f"{what} in [{low:,}, {high:,}]"
+
+        counts = {"max_steps": ((lambda v: v == -1 or 1 <= v <= MAX_STEPS),
+                                f"an integer in [1, {MAX_STEPS:,}] (or -1: by epochs)"),
+                  "seed": within(0, MAX_SEED), "data_seed": within(0, MAX_SEED),
+                  "num_generations": within(2, MAX_NUM_GENERATIONS),
+                  "num_generations_eval": within(2, MAX_NUM_GENERATIONS),
+                  "max_completion_length": within(1, MAX_TOKENS),
+                  "vllm_max_model_length": within(1, MAX_TOKENS),
+                  "num_iterations": within(1, MAX_NUM_GENERATIONS),
+                  "probe_size": within(1, MAX_PROMPTS), "tpf_every": within(0, MAX_STEPS),
+                  "tpf_max_new_tokens": within(1, MAX_TOKENS), "tpf_batch_size": within(1, MAX_BATCH),
+                  "tpf_samples": within(0, MAX_SAMPLES), "tpf_compare_ar_k": within(1, MAX_PROMPTS),
+                  "vllm_draft_length": within(1, 1024), "cpu_threads": within(1, MAX_THREADS),
+                  "vllm_server_port": within(1, 65_535), "vllm_group_port": within(1, 65_535),
+                  "logging_steps": within(0, MAX_STEPS, "a number"), "save_steps": within(0, MAX_STEPS, "a number"),
+                  "eval_steps": within(0, MAX_STEPS, "a number")}
+        for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+                     "generation_batch_size", "steps_per_generation"):
+            counts[name] = within(1, MAX_BATCH)
+        numbers = [("learning_rate", lambda v: v >= 0, "a number >= 0"),
+                   ("temperature", lambda v: v > 0, "a number > 0 (GRPO samples its groups)"),
+                   ("epsilon", lambda v: v >= 0, "a number >= 0"), ("epsilon_high", lambda v: v >= 0, "a number >= 0"),
+                   ("top_p", lambda v: 0 < v <= 1, "a number in (0, 1]"),
+                   ("num_train_epochs", lambda v: 0 < v <= MAX_EPOCHS, f"a number in (0, {MAX_EPOCHS:,}]"),
+                   ("beta", lambda v: v >= 0, "a number >= 0 (the KL coefficient; 0 drops the reference model)"),
+                   ("drafter_loss_weight", lambda v: v >= 0, "a number >= 0 (0 turns the drafter loss off)"),
+                   ("tpf_floor", lambda v: 0 < v < 1, "a relative drop in (0, 1), e.g. 0.1 for 10%")]
+        return [(name, test, wanted) for name, (test, wanted) in counts.items()] + numbers
+
+    def _setting_problems(self) -> list[str]:
+        """Settings that exclude or need each other, and the values read elsewhere (reward reading, crops)."""
+        out = []
+        for read in (lambda: self.reward_settings, lambda: long_side(self.image_long_side)):
+            try:
+                read()
+            except ValueError as err:
+                out.append(str(err))
         for name, valid in (("tpf_compare_ar", COMPARE_AR), ("tpf_floor_action", TPF_FLOOR_ACTIONS),
-                            ("drafter_completions", DRAFTER_COMPLETIONS), ("drafter_targets", DRAFTER_TARGETS)):
+                            ("drafter_completions", DRAFTER_COMPLETIONS), ("drafter_targets", DRAFTER_TARGETS),
+                            ("rollout_decoder", ROLLOUT_DECODERS)):
             if getattr(self, name) not in valid:
-                raise ConfigError(f"{name} must be one of {valid}, got {getattr(self, name)!r}")
-        if self.tpf_floor is not None:
-            if not 0 < self.tpf_floor < 1:
-                raise ConfigError(f"tpf_floor is a relative drop in (0, 1), e.g. 0.1 for 10%; got {self.tpf_floor}")
-            if not self.probe_on:
-                raise ConfigError("tpf_floor needs the TPF probe: set tpf_every > 0, or remove tpf_floor")
+                out.append(f"{name} must be one of {valid}, got {quoted(getattr(self, name))}")
+        if self.tpf_floor is not None and not self.probe_on:
+            out.append("tpf_floor needs the TPF probe: set tpf_every > 0, or remove tpf_floor")
         if self.tpf_floor_action == "stop" and self.tpf_floor is None:
-            raise ConfigError("tpf_floor_action 'stop' needs tpf_floor (e.g. 0.1)")
-        if self.tpf_batch_size < 1 or self.tpf_compare_ar_k < 1 or self.tpf_samples < 0:
-            raise ConfigError(f"tpf_batch_size and tpf_compare_ar_k must be >= 1 and tpf_samples >= 0, got "
-                              f"{self.tpf_batch_size}, {self.tpf_compare_ar_k} and {self.tpf_samples}")
-        if self.rollout_decoder not in ROLLOUT_DECODERS:
-            raise ConfigError(f"rollout_decoder must be one of {ROLLOUT_DECODERS}, got {self.rollout_decoder!r}")
+            out.append("tpf_floor_action 'stop' needs tpf_floor (e.g. 0.1)")
         if self.rollout_decoder == "selfspec":
             if self.use_vllm:
-                raise ConfigError("rollout_decoder 'selfspec' replaces TRL's HF generation: set use_vllm: false")
+                out.append("rollout_decoder 'selfspec' replaces TRL's HF generation: set use_vllm: false")
             if self.top_k or self.top_p < 1 or self.min_p or self.repetition_penalty != 1 or self.temperature <= 0:
-                raise ConfigError("rollout_decoder 'selfspec' samples exactly at temperature > 0 with no top_k, "
-                                  "top_p, min_p or repetition_penalty: leave those at their defaults")
+                out.append("rollout_decoder 'selfspec' samples exactly at temperature > 0 with no top_k, top_p, "
+                           "min_p or repetition_penalty: leave those at their defaults")
             if self.generation_kwargs:
-                raise ConfigError(f"rollout_decoder 'selfspec' does not pass generation_kwargs to its exact sampler "
-                                  f"(got {', '.join(sorted(self.generation_kwargs))}): leave generation_kwargs out")
-        if self.max_completion_length is not None and self.max_completion_length < 1:
-            raise ConfigError(f"max_completion_length must be >= 1, got {self.max_completion_length}")
-        if self.beta < 0:
-            raise ConfigError(f"beta (the KL coefficient) must be >= 0 (0 drops the reference model), got {self.beta}")
-        if self.vllm_draft_length is not None and (self.vllm_draft_length < 1 or not self.vllm_self_speculation):
-            raise ConfigError(f"vllm_draft_length must be >= 1 and needs vllm_self_speculation: true, "
-                              f"got {self.vllm_draft_length}")
+                out.append(f"rollout_decoder 'selfspec' does not pass generation_kwargs to its exact sampler (got "
+                           f"{', '.join(sorted(self.generation_kwargs))}): leave generation_kwargs out")
+        if self.vllm_draft_length is not None and not self.vllm_self_speculation:
+            out.append("vllm_draft_length needs vllm_self_speculation: true")
         if self.vllm_self_speculation:
             if not self.use_vllm or self.vllm_mode != "colocate":
-                raise ConfigError("vllm_self_speculation drafts inside the colocated vLLM engine: set use_vllm: true "
-                                  "and vllm_mode: colocate")
+                out.append("vllm_self_speculation drafts inside the colocated vLLM engine: set use_vllm: true and "
+                           "vllm_mode: colocate")
             if self.min_p or (self.generation_kwargs or {}).get("logit_bias"):
-                raise ConfigError("vllm_self_speculation: vLLM 0.32 refuses min_p and logit_bias under speculative "
-                                  "decoding; leave min_p unset and logit_bias out of generation_kwargs")
+                out.append("vllm_self_speculation: vLLM 0.32 refuses min_p and logit_bias under speculative "
+                           "decoding; leave min_p unset and logit_bias out of generation_kwargs")
             if self.vllm_enable_sleep_mode:
-                raise ConfigError("vllm_self_speculation does not support vllm_enable_sleep_mode (an engine that "
-                                  "drafts with its own target model has not been put to sleep and woken): set "
-                                  "vllm_enable_sleep_mode: false")
-        if self.drafter_loss_weight < 0:
-            raise ConfigError(f"drafter_loss_weight must be >= 0 (0 turns the drafter loss off), "
-                              f"got {self.drafter_loss_weight}")
+                out.append("vllm_self_speculation does not support vllm_enable_sleep_mode (an engine that drafts "
+                           "with its own target model has not been put to sleep and woken): set "
+                           "vllm_enable_sleep_mode: false")
+        return out
 
     @property
     def needs_drafter(self) -> bool:
@@ -228,8 +307,10 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
         return self.probe_on and (step % self.tpf_every == 0 or step >= max_steps)
 
     def probe_count(self, max_steps: int) -> int:
-        """How many probes a run of `max_steps` steps makes (`probe_due`)."""
-        return sum(self.probe_due(step, max_steps) for step in range(max_steps + 1))
+        """How many probes a run of `max_steps` steps makes (`probe_due`: step 0, every `tpf_every`, the last)."""
+        if not self.probe_on or max_steps < 0:
+            return 0
+        return max_steps // self.tpf_every + 1 + (max_steps % self.tpf_every > 0)
 
     def compares_ar_at(self, step: int) -> bool:
         """Whether the TPF probe at `step` also decodes AR greedy (`tpf_compare_ar`; 'sample': some prompts)."""
@@ -273,14 +354,44 @@ def fields() -> Fields:
     return Fields(GravityGRPOConfig, GravityModelConfig, exclude=UNUSED_MODEL_FIELDS)
 
 
-def build_config(values: dict[str, Any], source: str = "config") -> GravityGRPOConfig:
-    """The run config of typed `values` (e.g. `fields().load(...)`); the checks of both dataclasses raise
-    `ConfigError` naming `source`."""
+def build_config(values: dict[str, Any], source: str = "config", problems: list[str] | None = None) \
+        -> GravityGRPOConfig:
+    """The run config of typed `values` (e.g. `fields().load(...)`). Every problem of both dataclasses (their
+    `problems()`, then TRL's own checks), after those already in `problems`, is raised in one
+    `ConfigProblems`, each line naming `source`."""
+    problems = list(problems or [])
     groups = fields().split(values)
-    model_args = build(GravityModelConfig, groups[GravityModelConfig], source)
-    config = build(GravityGRPOConfig, groups[GravityGRPOConfig], source)
-    config.model_args = model_args
+    built = {}
+    for dtype in (GravityModelConfig, GravityGRPOConfig):
+        try:
+            built[dtype] = dtype(**groups[dtype])
+        except ConfigProblems as err:
+            problems.extend(f"{source}: {p}" for p in err.problems)
+        except ValueError as err:  # TRL's own checks (batch geometry, precision)
+            problems.append(f"{source}: {err}")
+    if problems:
+        raise ConfigProblems(problems)
+    config = built[GravityGRPOConfig]
+    config.model_args = built[GravityModelConfig]
     return config
+
+
+def default_output_dir(path: str | Path | None) -> str:
+    """The run folder of a recipe without `output_dir`: `runs/<recipe name>` (`runs/grpo` without a recipe),
+    for the dry run and the run alike."""
+    return f"runs/{Path(str(path)).stem if path is not None else 'grpo'}"
+
+
+def read_values(path: str | Path | None, overrides: dict[str, Any] | None, problems: list[str]) -> dict[str, Any]:
+    """The typed keys of the recipe at `path` (optional; with its `extends`) with `overrides` (keys to values;
+    None: not set) on top, `output_dir` defaulted (`default_output_dir`); every bad key is appended to
+    `problems` and left out. A recipe that cannot be read raises `ConfigError`."""
+    values = fields().values(read_recipe(path), str(path), problems) if path is not None else {}
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    values.update(fields().values(given, "command line", problems))
+    if not values.get("output_dir"):
+        values["output_dir"] = default_output_dir(path)
+    return values
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -288,8 +399,10 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return fields().load(path)
 
 
-def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> GravityGRPOConfig:
-    """Build the config from a YAML recipe (optional) with `overrides` (keys to values; None: not set) on top."""
-    given = {k: v for k, v in (overrides or {}).items() if v is not None}
-    values = fields().load(path, fields().values(given, "command line"))
-    return build_config(values, str(path or "config"))
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
+                problems: list[str] | None = None) -> GravityGRPOConfig:
+    """The config of a YAML recipe (optional) with `overrides` on top; every problem (those given in `problems`,
+    bad keys, bad values) raised together in one `ConfigProblems`."""
+    problems = list(problems or [])
+    values = read_values(path, overrides, problems)
+    return build_config(values, str(path or "config"), problems)

@@ -125,12 +125,10 @@ def prepare_run(config: GravityGRPOConfig, pools: dict | None = None) -> tuple[A
     ckpt = load_checkpoint(config.model, need_drafter=config.needs_drafter)
     logger.info("model: %s", ckpt.source.describe())
     pool = as_prompts(pools["pool"], ckpt.is_vlm)
-    if ckpt.is_vlm:
+    if ckpt.is_vlm:  # the crops TRL, the vLLM rollouts and the loss see (their alignment checked already)
         from grpo.crop_size import with_long_side
-        from grpo.rollouts.image_prompts import check_prompt_alignment
 
-        pool = with_long_side(pool, config.image_long_side)  # what TRL, the vLLM rollouts and the loss see
-        check_prompt_alignment(ckpt.processor, pool[0])
+        pool = with_long_side(pool, config.image_long_side)
     probe = None
     if config.probe_on:
         probe = pools["probe set"]
@@ -153,13 +151,7 @@ def build_trainer(config: GravityGRPOConfig, pools: dict | None = None) -> Gravi
         set_engine_env()  # before TRL starts the engine: in-process, small CPU KV cache
     config.generation_kwargs = rollout_generation_kwargs(config, ckpt)
     model, quantization = ckpt.model, None
-    if config.model_args.load_in_4bit:  # TRL loads the base weights in 4 bit from the folder
-        if ckpt.source.base is not None:  # the folder holds the base alone: the adapters would be lost
-            from grpo.checkpoint import CheckpointError
-
-            raise CheckpointError(f"model {ckpt.source.folder}: QLoRA (load_in_4bit) loads the weights from a "
-                                  "folder, and a LoRA checkpoint's folder holds adapters only; save the merged "
-                                  "model first (peft merge_and_unload + save_pretrained) and train from it")
+    if config.model_args.load_in_4bit:  # TRL loads the base weights in 4 bit from the folder (a full one: checked)
         model, quantization = str(ckpt.source.model_dir), qlora_quantization_config()
     reward = OcrReward(config.reward_settings)
     mark_stage("trainer (the vLLM engine starts)")
