@@ -229,8 +229,11 @@ class Fields:
             out = str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
         elif kind is dict:
             out = value if isinstance(value, dict) else None
-        else:  # a choice function (Literal or Enum fields)
-            out = kind(value)
+        else:  # a choice function (Literal or Enum fields); a list or a mapping is none of its choices
+            try:
+                out = kind(value) if isinstance(value, Hashable) else None
+            except (ValueError, TypeError, KeyError):
+                raise bad from None
         if out is None or (action.choices is not None and out not in action.choices):
             raise bad
         return out

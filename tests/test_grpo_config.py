@@ -127,3 +127,52 @@ def test_accelerate_configs_give_672_completions_per_step(name, per_device):
         assert f"per_device_train_batch_size={per_device}" in (ROOT / "configs" / "accelerate" / name).read_text()
     completions = launch.num_processes * recipe["per_device_train_batch_size"] * recipe["gradient_accumulation_steps"]
     assert completions == 24 * recipe["num_generations"] == 24 * 28
+
+
+def _bad_value(action, annotated: set) -> object:
+    """A value no run accepts for a field parsed by `action`: outside its choices, past every bound, not a
+    number, or of another type; None where no value of the YAML kinds is refused by type."""
+    kind = getattr(action.type, "__name__", "")
+    if action.choices is not None or kind == "string_to_bool":
+        return "not-a-choice"
+    if action.nargs in ("+", "*"):
+        return None if dict in annotated else {"a": 1}
+    if action.type is int:
+        return 10**12
+    if action.type is float:
+        return float("nan")
+    return None if {dict, list} & annotated else {"a": 1}  # a map where a string (or a choice) stands
+
+
+def test_every_field_with_a_bad_value_is_refused_alike_by_the_dry_run_and_the_run(tmp_path, capsys):
+    """One recipe sets every config field to a bad value: the dry run lists a problem naming each field, and
+    the run (refusing before it loads anything) lists the same lines."""
+    import yaml
+
+    from grpo.cli import main
+    from grpo.training.config import fields
+
+    keys = fields()
+    bad = {name: _bad_value(action, keys.annotated.get(name, set())) for name, action in keys.actions.items()}
+    # maps (or lists) handed on to the libraries as they are: any map passes; report_to is checked as installed
+    free = {name for name, value in bad.items() if value is None}
+    assert free == {"accelerator_config", "chat_template_kwargs", "deepspeed", "fsdp_config", "generation_kwargs",
+                    "gradient_checkpointing_kwargs", "liger_kernel_config", "lr_scheduler_kwargs",
+                    "model_init_kwargs", "optim_target_modules", "report_to", "transformers_continuous_batching_config"}
+    recipe = tmp_path / "every_field.yaml"
+    recipe.write_text(yaml.safe_dump({k: v for k, v in bad.items() if v is not None}))
+    out = tmp_path / "out"
+
+    def problems(*flags: str) -> list[str]:
+        assert main(["train", "--config", str(recipe), "--output-dir", str(out), *flags]) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and err.startswith("error: the run would not start"), err[:2000]
+        return [line.removeprefix("  - ") for line in err.splitlines()[1:]]
+
+    dry, run = problems("--dry-run"), problems()
+    assert run and set(run) <= set(dry), sorted(set(run) - set(dry))
+    assert [p for p in dry if p in run] == run  # the same lines, in the same order
+    unnamed = [name for name, value in bad.items() if value is not None
+               and not any(f": {name} must" in p or f"key {name!r}" in p for p in run)]
+    assert not unnamed, (unnamed, run)
+    assert not out.exists()

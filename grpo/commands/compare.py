@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     from grpo.compare import REPORT_FILE, STAMP, Arm, probe_named, run_comparison
     from grpo.outputs import output_folder
     from grpo.training.config import load_config
-    from grpo.training.config import MAX_SEED
+    from grpo.limits import MAX_SEED
 
     arms = []
     for spec in args.arms:

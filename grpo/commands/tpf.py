@@ -86,7 +86,7 @@ def _table(stats: dict):
 
 def _check_decoding(args: argparse.Namespace, error: type) -> None:
     """Refuse decoding flags that contradict each other or that no decoder takes, naming the flag."""
-    from grpo.training.config import MAX_SEED
+    from grpo.limits import MAX_SEED
 
     for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--bd-size", args.bd_size)):
         if value is not None and value < 1:

@@ -25,6 +25,7 @@ from trl import GRPOConfig, ModelConfig
 from grpo.training.drafter_loss import DRAFTER_COMPLETIONS, DRAFTER_TARGETS
 from grpo.crop_size import image_long_side_field, long_side
 from grpo.errors import quoted
+from grpo.limits import MAX_BATCH, MAX_NEW_TOKENS, MAX_PROBE_SIZE, MAX_SAMPLES, MAX_SEED
 from grpo.yaml_config import ConfigError, Fields, read_recipe
 from ocr_rewards.settings import RewardFields
 
@@ -35,15 +36,12 @@ ROLLOUT_DECODERS = ("hf", "selfspec")
 # quantization is `grpo.training.run.qlora_quantization_config`): not config keys.
 UNUSED_MODEL_FIELDS = frozenset({"model_name_or_path", "model_revision", "dtype", "attn_implementation", "load_in_8bit",
                                  "bnb_4bit_quant_type", "use_bnb_nested_quant", "bnb_4bit_quant_storage"})
-# Upper bounds of the counts and caps: past them a value is a typo, and some would make the checks themselves
-# (the probe schedule, the batch arithmetic) or the run loop without end.
+# Upper bounds of the counts and caps (with those of `grpo.limits`, which the commands that read a run's config
+# back share): past them a value is a typo, and some would make the checks or the run loop without end.
 MAX_STEPS = 10_000_000  # optimizer steps (and step intervals): the paper's runs take hundreds
-MAX_SEED = 2**32 - 1  # numpy's and the samplers' seeds are 32-bit; torch takes more, numpy refuses it
 MAX_NUM_GENERATIONS = 1024  # completions per prompt: recipes use 8 to 64; more is a typo, not a group
-MAX_BATCH = 65_536  # completions or prompts held at once (texts, logits' rows, rewards)
-MAX_TOKENS = 1_048_576  # output caps and context lengths, in tokens
-MAX_PROMPTS = 100_000  # probe prompts
-MAX_SAMPLES = 1024  # sampled decodes per probe prompt
+MAX_TRAIN_BATCH = 65_536  # completions held at once per process or generation (texts, logits' rows, rewards)
+MAX_CONTEXT = 1_048_576  # positions of a context, in tokens
 MAX_THREADS = 4096  # torch threads
 MAX_EPOCHS = 1_000_000  # passes over the pool
 MAX_LORA_RANK = 65_536
@@ -199,8 +197,8 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
         if problems:
             raise ConfigProblems(problems)
         super().__post_init__()
-        if self.generation_batch_size > MAX_BATCH:  # TRL's product of batch size, accumulation and processes
-            raise ConfigProblems([f"generation_batch_size must be at most {MAX_BATCH:,} completions, got "
+        if self.generation_batch_size > MAX_TRAIN_BATCH:  # TRL's product of batch size, accumulation and processes
+            raise ConfigProblems([f"generation_batch_size must be at most {MAX_TRAIN_BATCH:,} completions, got "
                                   f"{self.generation_batch_size:,}"])
 
     def problems(self) -> list[str]:
@@ -219,19 +217,19 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
                   "seed": within(0, MAX_SEED), "data_seed": within(0, MAX_SEED),
                   "num_generations": within(2, MAX_NUM_GENERATIONS),
                   "num_generations_eval": within(2, MAX_NUM_GENERATIONS),
-                  "max_completion_length": within(1, MAX_TOKENS),
-                  "vllm_max_model_length": within(1, MAX_TOKENS),
+                  "max_completion_length": within(1, MAX_NEW_TOKENS),
+                  "vllm_max_model_length": within(1, MAX_CONTEXT),
                   "num_iterations": within(1, MAX_NUM_GENERATIONS),
-                  "probe_size": within(1, MAX_PROMPTS), "tpf_every": within(0, MAX_STEPS),
-                  "tpf_max_new_tokens": within(1, MAX_TOKENS), "tpf_batch_size": within(1, MAX_BATCH),
-                  "tpf_samples": within(0, MAX_SAMPLES), "tpf_compare_ar_k": within(1, MAX_PROMPTS),
+                  "probe_size": within(1, MAX_PROBE_SIZE), "tpf_every": within(0, MAX_STEPS),
+                  "tpf_max_new_tokens": within(1, MAX_NEW_TOKENS), "tpf_batch_size": within(1, MAX_BATCH),
+                  "tpf_samples": within(0, MAX_SAMPLES), "tpf_compare_ar_k": within(1, MAX_PROBE_SIZE),
                   "vllm_draft_length": within(1, 1024), "cpu_threads": within(1, MAX_THREADS),
                   "vllm_server_port": within(1, 65_535), "vllm_group_port": within(1, 65_535),
                   "logging_steps": within(0, MAX_STEPS, "a number"), "save_steps": within(0, MAX_STEPS, "a number"),
                   "eval_steps": within(0, MAX_STEPS, "a number")}
         for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
                      "generation_batch_size", "steps_per_generation"):
-            counts[name] = within(1, MAX_BATCH)
+            counts[name] = within(1, MAX_TRAIN_BATCH)
         numbers = [("learning_rate", lambda v: v >= 0, "a number >= 0"),
                    ("temperature", lambda v: v > 0, "a number > 0 (GRPO samples its groups)"),
                    ("epsilon", lambda v: v >= 0, "a number >= 0"), ("epsilon_high", lambda v: v >= 0, "a number >= 0"),

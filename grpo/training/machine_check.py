@@ -1,6 +1,6 @@
 """The machine a run needs: the accelerate launch config and DeepSpeed, this machine's CUDA devices and bf16,
-and the rollout engine (vLLM installed and able to serve the checkpoint; in server mode, a server that answers
-and serves it). Each check appends its problems to a `grpo.training.report.PreflightReport`.
+the rollout engine (vLLM installed and able to serve the checkpoint; in server mode, a server that answers
+and serves it), and what the training code supports there (QLoRA, the drafter loss, self-speculative rollouts). Each check appends its problems to a `grpo.training.report.PreflightReport`.
 
 Example:
     >>> read_accelerate_config("zero3")["num_processes"]      # doctest: +SKIP
@@ -162,3 +162,21 @@ def check_server(cfg: Any, on_cpu: bool, report: PreflightReport) -> None:
                                f"{cfg.model} ({folder}); serve that checkpoint")
     else:
         report.facts["vLLM server"] = f"{url} serves {served}"
+
+
+def check_training(cfg: Any, found: Any, on_cpu: bool, report: PreflightReport) -> None:
+    """What the training code supports: QLoRA only on CUDA and from full weights, the drafter loss and
+    self-speculative rollouts only on text checkpoints (`found`: the checkpoint as inspected, or None)."""
+    is_vlm = found.is_vlm if found is not None else None
+    if cfg.model_args.load_in_4bit and on_cpu:
+        report.problems.append("training: load_in_4bit (QLoRA) needs CUDA: bitsandbytes' 4-bit layers run on "
+                               "GPUs; drop load_in_4bit to train LoRA on full-precision weights here")
+    if cfg.model_args.load_in_4bit and found is not None and found.source.base is not None:
+        report.problems.append(f"model {found.source.folder}: QLoRA (load_in_4bit) loads the weights from a folder, "
+                               "and a LoRA checkpoint's folder holds adapters only; save the merged model first "
+                               "(peft merge_and_unload + save_pretrained) and train from it")
+    if is_vlm and cfg.rollout_decoder == "selfspec":
+        report.problems.append("training: rollout_decoder 'selfspec' decodes text policies only; set it to 'hf'")
+    if is_vlm and cfg.drafter_loss_weight > 0:
+        report.problems.append("training: drafter_loss_weight > 0 is implemented for text checkpoints only "
+                               "(grpo.joint.streams builds 1-D positions and no image inputs); set it to 0")

@@ -199,24 +199,6 @@ def check_outputs(cfg: Any, report: PreflightReport, resume: str | bool | None =
         report.problems.append(f"report_to: {', '.join(missing)} not installed here (pip install it, or drop it)")
 
 
-def check_training(cfg: Any, found: Any, on_cpu: bool, report: PreflightReport) -> None:
-    """What the training code supports: QLoRA only on CUDA and from full weights, the drafter loss and
-    self-speculative rollouts only on text checkpoints (`found`: the checkpoint as inspected, or None)."""
-    is_vlm = found.is_vlm if found is not None else None
-    if cfg.model_args.load_in_4bit and on_cpu:
-        report.problems.append("training: load_in_4bit (QLoRA) needs CUDA: bitsandbytes' 4-bit layers run on "
-                               "GPUs; drop load_in_4bit to train LoRA on full-precision weights here")
-    if cfg.model_args.load_in_4bit and found is not None and found.source.base is not None:
-        report.problems.append(f"model {found.source.folder}: QLoRA (load_in_4bit) loads the weights from a folder, "
-                               "and a LoRA checkpoint's folder holds adapters only; save the merged model first "
-                               "(peft merge_and_unload + save_pretrained) and train from it")
-    if is_vlm and cfg.rollout_decoder == "selfspec":
-        report.problems.append("training: rollout_decoder 'selfspec' decodes text policies only; set it to 'hf'")
-    if is_vlm and cfg.drafter_loss_weight > 0:
-        report.problems.append("training: drafter_loss_weight > 0 is implemented for text checkpoints only "
-                               "(grpo.joint.streams builds 1-D positions and no image inputs); set it to 0")
-
-
 def check_run(cfg: Any, num_processes: int, *, local_hardware: bool = True, accelerate: dict | None = None,
               report: PreflightReport | None = None, get: Any = None, resume: str | bool | None = None,
               overwrite: bool = False) -> PreflightReport:
@@ -256,7 +238,7 @@ def check_run(cfg: Any, num_processes: int, *, local_hardware: bool = True, acce
         machine.check_hardware(cfg, num_processes, report)
     machine.check_engine(cfg, is_vlm, cpu, report)
     machine.check_server(cfg, cpu, report)
-    check_training(cfg, found, cpu, report)
+    machine.check_training(cfg, found, cpu, report)
     report.facts.update(batch_facts(cfg, num_processes, pool_rows))
     report.facts.update(probe_facts(cfg, num_processes))
     return report
