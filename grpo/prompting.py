@@ -16,6 +16,10 @@ import torch
 
 from grpo.crop_size import fit_long_side, load_image
 
+# The image inputs GLM-OCR's processor gives one prompt (one image each): concatenated over rows in a batch, where
+# every other input is per token.
+IMAGE_INPUTS = ("pixel_values", "image_grid_thw")
+
 
 def _field(row: Mapping[str, Any], name: str) -> Any:
     if name not in row or row[name] is None:

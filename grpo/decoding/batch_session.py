@@ -22,8 +22,8 @@ import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from grpo.decoding.kv_session import base_model, check_attention
+from grpo.prompting import IMAGE_INPUTS
 
-IMAGE_KEYS = ("pixel_values", "image_grid_thw")  # concatenated over rows; everything else is per token
 
 
 @dataclass
@@ -110,7 +110,7 @@ class BatchSession:
                 positions[:, i, width - length:] = pos[:, 0]
                 rope_delta[i] = int(delta.reshape(-1)[0])
                 types[i, width - length:] = x["mm_token_type_ids"][0]
-            extra = {k: torch.cat([x[k] for x in inputs]).to(self.device) for k in IMAGE_KEYS}
+            extra = {k: torch.cat([x[k] for x in inputs]).to(self.device) for k in IMAGE_INPUTS}
             extra["mm_token_type_ids"] = types.to(self.device)
         else:
             positions = (valid.long().cumsum(1) - 1).clamp(min=0)

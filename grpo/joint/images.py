@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.joint.streams import IMAGE_INPUTS
+from grpo.prompting import IMAGE_INPUTS
 
 
 @dataclass(frozen=True)

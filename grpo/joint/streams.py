@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from grpo.prompting import IMAGE_INPUTS
+
 IGNORE = -100
 
 
@@ -96,9 +98,6 @@ def build_example(prompt_ids: list[int], target_ids: list[int], *, bd_size: int,
     return {"input_ids": ids, "position_ids": _positions(prompt_positions, P, R, 3),
             "labels_ar": torch.cat([ar_labels, torch.full((2 * R,), IGNORE)]), "labels_diff": diff_labels,
             "allow": joint_layout(P, R, bd_size)}
-
-
-IMAGE_INPUTS = ("pixel_values", "image_grid_thw")  # an image example's processor outputs, one image each
 
 
 def collate(examples: list[dict[str, torch.Tensor]], pad_id: int, dtype: torch.dtype = torch.float32) -> dict:
