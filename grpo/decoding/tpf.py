@@ -7,7 +7,7 @@ Two conventions, both ratios of sums over the prompts, both 1.0 for plain AR dec
   without special tokens, its think block removed (`ocr_rewards.think`), re-tokenized without special tokens
   / every forward, the prefill included (what a hook on decoder layer 0 counts). With the preset
   `gravityocr-bench` (its caps, crops and round layout) it is the bench's own figure.
-The GRPO trainer calls `decode_rows` every N steps; the `gravity-grpo tpf` command wraps `measure_tpf`.
+The GRPO trainer calls `decode_rows` every N steps (its `DecodeSettings`: one object of the decode bounds); the `gravity-grpo tpf` command wraps `measure_tpf`.
 
 Example:
     >>> ckpt = load_checkpoint("tiny", need_drafter=True)
@@ -16,7 +16,10 @@ Example:
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
+from dataclasses import dataclass
 from typing import Any, Collection, Iterable, Mapping
 
 import torch
@@ -28,6 +31,7 @@ from grpo.decoding.batched import BatchARDecoder, BatchDecoder, Sampler
 from grpo.decoding.diffusion import diffusion_generate
 from grpo.decoding.presets import PRESETS, DecodePreset, settings_record
 from grpo.decoding.selfspec import GravityRoundDecoder
+from grpo.limits import MAX_BATCH, MAX_NEW_TOKENS, MAX_SAMPLES
 from grpo.prompting import encode_prompt
 from ocr_rewards.settings import HELD_OUT, RewardSettings
 from ocr_rewards.think import strip_think
@@ -109,75 +113,101 @@ def _grouped(records: list[dict], key: str, order: Iterable[str] = ()) -> dict:
     return {k: summarize(groups[k]) for k in order + sorted(set(groups) - set(order))}
 
 
-def decode_rows(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], bd: BlockDiffusionConfig | None, *,
-                indices: Iterable[int] | None = None, is_vlm: bool = False, bd_size: int | None = None,
-                max_new_tokens: int = 512, compare_ar: bool | Collection[int] = False, mode: str = "selfspec",
-                tau: float = 0.9, score: bool = False, reward_settings: RewardSettings = HELD_OUT,
-                progress: bool = True, batch_size: int = 1,
-                temperature: float = 0.0, samples: int = 1, seed: int = 0,
-                preset: DecodePreset = PRESETS["cpu"], image_long_side: str | None = None) -> list[dict]:
-    """Decode every row with the drafter (`mode` "selfspec", or "diffusion" with threshold `tau`, batch 1).
+@dataclass(frozen=True)
+class DecodeSettings:
+    """How `decode_rows` decodes: the one place that decides the decode bounds.
 
-    Self-speculative decoding runs `batch_size` prompts at once: greedy at `temperature` 0 (outputs equal to
-    AR greedy in exact arithmetic), else exact speculative sampling, `samples` draws per prompt from one
-    generator seeded with `seed`. Returns one record per (row, sample): `index` (from `indices`, default
-    0, 1, ...), `sample`, `task`, `prompt_ids` (text-only policies; None for images), `output_ids`, `tokens`,
-    `text_tokens` (the output's text re-tokenized as `tpf_bench` counts it), `forwards` (draft + verify,
-    prefill excluded), `rounds`,
-    `accepted` (drafts committed in each verified round, docs/spec.md §5), `truncated` (stopped by
-    `max_new_tokens`), `ar_equal` (None unless compared: `compare_ar` True for every row, or a collection of
-    the indices to compare; AR greedy decoded at the same batch size), `reward` and `exact` (None without
-    `score`: the task reward of the decoded output against the row's `target`, read with
-    `reward_settings`, default `ocr_rewards.settings.HELD_OUT`), `length_bin`, `wall_s` (the
-    row's share of its batch's decode time). The model's train/eval mode is restored afterwards.
-    `preset` (`grpo.decoding.presets`) sets the output cap per task (`max_new_tokens` where it has none), the
-    stop ids, the crops' `image_long_side` (unless given: `grpo.crop_size`) and the round layout
-    (`round: gravityocr`: `GravityRoundDecoder`, batch 1, greedy; its output may run past the cap, and AR
-    equality compares its first `max_new_tokens` tokens).
+    `mode` "selfspec" (batches of `batch_size` prompts; greedy at `temperature` 0, else exact speculative
+    sampling, `samples` draws per prompt from one generator seeded with `seed`) or "diffusion" (threshold
+    `tau`, batch 1, greedy). `max_new_tokens` is the output cap where the `preset` has none for a task;
+    `bd_size` None takes the checkpoint's block size; `compare_ar` True compares every row with AR greedy, or a
+    collection of the indices to compare; `score` scores each output against its row's `target`, read with
+    `reward_settings`; `image_long_side` None takes the preset's (`grpo.crop_size`). A `ValueError` names the
+    setting out of bounds (`grpo.limits`) or the settings that exclude each other.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+
+    mode: str = "selfspec"
+    max_new_tokens: int = 512
+    bd_size: int | None = None
+    batch_size: int = 1
+    temperature: float = 0.0
+    samples: int = 1
+    seed: int = 0
+    tau: float = 0.9
+    compare_ar: bool | Collection[int] = False
+    score: bool = False
+    reward_settings: RewardSettings = HELD_OUT
+    preset: DecodePreset = PRESETS["cpu"]
+    image_long_side: str | None = None
+    progress: bool = True
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if not (1 <= self.batch_size <= MAX_BATCH and 1 <= self.samples <= MAX_SAMPLES):
+            raise ValueError(f"batch_size must be in [1, {MAX_BATCH}] and samples in [1, {MAX_SAMPLES}], got "
+                             f"{self.batch_size} and {self.samples}")
+        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
+            raise ValueError(f"max_new_tokens must be in [1, {MAX_NEW_TOKENS:,}], got {self.max_new_tokens}")
+        if not 0 <= self.temperature < math.inf:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {self.temperature}")
+        if self.mode == "diffusion" and (self.batch_size > 1 or self.temperature > 0 or self.samples > 1):
+            raise ValueError("diffusion mode decodes greedily at batch 1: leave batch_size, temperature and samples")
+        if self.temperature > 0 and self.compare_ar:
+            raise ValueError("AR equality is a greedy check: compare_ar needs temperature 0")
+        if self.preset.round == "gravityocr" and (self.mode != "selfspec" or self.batch_size > 1
+                                                  or self.temperature > 0 or self.samples > 1):
+            raise ValueError("GravityOCR's round layout (preset gravityocr-bench) decodes self-speculatively, "
+                             "greedily, at batch 1: leave mode, batch_size, temperature and samples")
+
+
+def decode_rows(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], bd: BlockDiffusionConfig | None,
+                settings: DecodeSettings = DecodeSettings(), *, indices: Iterable[int] | None = None,
+                is_vlm: bool = False) -> list[dict]:
+    """Decode every row with the drafter as `settings` say (`DecodeSettings`).
+
+    Returns one record per (row, sample): `index` (from `indices`, default 0, 1, ...), `sample`, `task`,
+    `prompt_ids` (text-only policies; None for images), `output_ids`, `tokens`, `text_tokens` (the output's
+    text re-tokenized as `tpf_bench` counts it), `forwards` (draft + verify, prefill excluded), `rounds`,
+    `accepted` (drafts committed in each verified round, docs/spec.md §5), `truncated` (stopped by the cap),
+    `ar_equal` (None unless compared; AR greedy decoded at the same batch size), `reward` and `exact` (None
+    without `score`), `length_bin`, `wall_s` (the row's share of its batch's decode time). The model's
+    train/eval mode is restored afterwards. The `preset` (`grpo.decoding.presets`) sets the output cap per task,
+    the stop ids, the crops' `image_long_side` and the round layout (`round: gravityocr`: `GravityRoundDecoder`;
+    its output may run past the cap, and AR equality compares its first `max_new_tokens` tokens).
+    """
     if bd is None:
         raise CheckpointError("measuring TPF needs the drafter: the checkpoint has no block_diffusion.json")
-    if batch_size < 1 or samples < 1:
-        raise ValueError(f"batch_size and samples must be >= 1, got {batch_size} and {samples}")
-    if mode == "diffusion" and (batch_size > 1 or temperature > 0 or samples > 1):
-        raise ValueError("diffusion mode decodes greedily at batch 1: leave batch_size, temperature and samples")
-    if temperature > 0 and compare_ar:
-        raise ValueError("AR equality is a greedy check: compare_ar needs temperature 0")
-    if preset.round == "gravityocr" and (mode != "selfspec" or batch_size > 1 or temperature > 0 or samples > 1):
-        raise ValueError("GravityOCR's round layout (preset gravityocr-bench) decodes self-speculatively, greedily, "
-                         "at batch 1: leave mode, batch_size, temperature and samples")
+    preset, mode = settings.preset, settings.mode
     rows = list(rows)
     indices = list(range(len(rows)) if indices is None else indices)
     if len(indices) != len(rows):
         raise ValueError(f"{len(indices)} indices for {len(rows)} rows")
-    caps = [preset.cap(row.get("task_type", "unknown"), max_new_tokens) for row in rows]
+    caps = [preset.cap(row.get("task_type", "unknown"), settings.max_new_tokens) for row in rows]
     if len(set(caps)) > 1:  # one decoder per output cap: the rows of each cap decoded together
-        options = dict(is_vlm=is_vlm, bd_size=bd_size, compare_ar=compare_ar, mode=mode, tau=tau, score=score,
-                       reward_settings=reward_settings, progress=progress, batch_size=batch_size,
-                       temperature=temperature, samples=samples, seed=seed, preset=preset,
-                       image_long_side=image_long_side)
         return [r for cap in sorted(set(caps)) for r in decode_rows(
-            model, processor, [row for row, c in zip(rows, caps) if c == cap], bd, max_new_tokens=cap,
-            indices=[i for i, c in zip(indices, caps) if c == cap], **options)]
-    max_new_tokens = caps[0] if caps else max_new_tokens
-    side = preset.image_long_side if image_long_side is None else image_long_side
-    size = bd_size or bd.bd_size
+            model, processor, [row for row, c in zip(rows, caps) if c == cap], bd,
+            dataclasses.replace(settings, max_new_tokens=cap), indices=[i for i, c in zip(indices, caps) if c == cap],
+            is_vlm=is_vlm)]
+    max_new_tokens = caps[0] if caps else settings.max_new_tokens
+    side = preset.image_long_side if settings.image_long_side is None else settings.image_long_side
+    size = settings.bd_size or bd.bd_size
+    batch_size, samples, compare_ar = settings.batch_size, settings.samples, settings.compare_ar
     tokenizer = tokenizer_of(processor)
     stops = preset.stop_ids(model, tokenizer)
-    sampler = Sampler(temperature, torch.Generator().manual_seed(seed))
+    sampler = Sampler(settings.temperature, torch.Generator().manual_seed(settings.seed))
     selfspec = BatchDecoder(model, bd.mask_id, size, stops, max_new_tokens, sampler)
     gravity = GravityRoundDecoder(model, bd.mask_id, size, stops, max_new_tokens)
     jobs = [(index, row, k) for index, row in zip(indices, rows) for k in range(samples)]
     compared = set(indices) if compare_ar is True else set(compare_ar or ())
-    scoring = reward_settings if score else None
+    scoring = settings.reward_settings if settings.score else None
     records = []
     was_training = model.training
     model.eval()
     try:
         ar = BatchARDecoder(model, stops, max_new_tokens)
-        bar = tqdm(total=len(jobs), desc=f"TPF ({mode}, B={size}, batch {batch_size})", disable=not progress)
+        bar = tqdm(total=len(jobs), desc=f"TPF ({mode}, B={size}, batch {batch_size})",
+                   disable=not settings.progress)
         chunk = CHUNK_BATCHES * batch_size   # a finished row's place goes to the next prompt within a chunk
         for start in range(0, len(jobs), chunk):
             part = jobs[start:start + chunk]
@@ -189,7 +219,7 @@ def decode_rows(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
                 results = selfspec.generate(inputs, batch_size)
             else:
                 results = [diffusion_generate(model, x, mask_id=bd.mask_id, bd_size=size, stop_ids=stops,
-                                              max_new_tokens=max_new_tokens, tau=tau) for x in inputs]
+                                              max_new_tokens=max_new_tokens, tau=settings.tau) for x in inputs]
             wall = (time.perf_counter() - begin) / len(part)
             check = [j for j, (index, _, _) in enumerate(part) if index in compared]
             greedy = ar.generate([inputs[j] for j in check], batch_size) if check else []
@@ -246,8 +276,10 @@ def measure_tpf(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], b
     `ar_equal_rate` is None without `compare_ar`; `accepted_per_round` is None in diffusion mode; `reward`
     and `exact_rate` are None without `score`.
     """
-    records = decode_rows(model, processor, rows, bd, bd_size=bd_size, max_new_tokens=max_new_tokens, mode=mode,
-                          tau=tau, preset=preset, **options)
+    indices, is_vlm = options.pop("indices", None), options.pop("is_vlm", False)
+    records = decode_rows(model, processor, rows, bd, DecodeSettings(
+        mode=mode, max_new_tokens=max_new_tokens, bd_size=bd_size, tau=tau, preset=preset, **options),
+        indices=indices, is_vlm=is_vlm)
     batch = options.get("batch_size", 1)
     settings = {"mode": mode, "bd_size": bd_size or bd.bd_size, "max_new_tokens": max_new_tokens,
                 "batch_size": batch, "temperature": options.get("temperature", 0.0),

@@ -67,17 +67,17 @@ def probe_decode(model: Any, processor: Any, rows: list, bd: Any, settings: Prob
     compared where `compare_ar` says), and, with `settings.samples`, records sampled at the rollout temperature
     from a generator seeded with the step (`grpo.decoding.tpf.decode_rows`; none without samples)."""
     from grpo.decoding.presets import preset_named
-    from grpo.decoding.tpf import decode_rows
+    from grpo.decoding.tpf import DecodeSettings, decode_rows
 
-    common = dict(indices=indices, is_vlm=is_vlm, max_new_tokens=settings.max_new_tokens,
-                  batch_size=settings.batch_size, progress=False, preset=preset_named(settings.preset),
-                  image_long_side=settings.image_long_side)
-    greedy = decode_rows(model, processor, rows, bd, compare_ar=compare_ar, score=True,
-                         reward_settings=reward_settings, **common)
+    common = DecodeSettings(max_new_tokens=settings.max_new_tokens, batch_size=settings.batch_size, progress=False,
+                            preset=preset_named(settings.preset), image_long_side=settings.image_long_side)
+    greedy = decode_rows(model, processor, rows, bd, dataclasses.replace(
+        common, compare_ar=compare_ar, score=True, reward_settings=reward_settings), indices=indices, is_vlm=is_vlm)
     sampled = []
     if settings.samples:
-        sampled = decode_rows(model, processor, rows, bd, temperature=settings.temperature,
-                              samples=settings.samples, seed=step, **common)
+        sampled = decode_rows(model, processor, rows, bd, dataclasses.replace(
+            common, temperature=settings.temperature, samples=settings.samples, seed=step), indices=indices,
+            is_vlm=is_vlm)
     return greedy, sampled
 
 
