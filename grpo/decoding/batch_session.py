@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
-from grpo.decoding.kv_session import base_model, check_attention
+from grpo.decoding.kv_session import check_attention, prompt_positions, rope_model
 from grpo.prompting import IMAGE_INPUTS
 
 
@@ -77,8 +77,8 @@ class BatchSession:
         self.capacity = capacity
         self.device = model.device
         self.dtype = model.get_input_embeddings().weight.dtype
-        self.rope_model = getattr(base_model(model), "model", None)
-        self.mrope = hasattr(self.rope_model, "get_rope_index")
+        self.rope_model = rope_model(model)
+        self.mrope = self.rope_model is not None
         self.cache: _SlotCache | None = None            # allocated at the first `admit`
         self.rows = torch.zeros(0, dtype=torch.long)    # the caller's row number of each cache row
         self.next_pos = torch.zeros(0, dtype=torch.long, device=self.device)   # valid states per row
@@ -105,10 +105,8 @@ class BatchSession:
             positions = torch.zeros(3, n, width, dtype=torch.long)
             types = torch.zeros(n, width, dtype=torch.long)
             for i, (x, length) in enumerate(zip(inputs, lengths)):  # the rope index of each prompt as it is
-                pos, delta = self.rope_model.get_rope_index(x["input_ids"], mm_token_type_ids=x["mm_token_type_ids"],
-                                                            image_grid_thw=x["image_grid_thw"])
+                pos, rope_delta[i] = prompt_positions(self.rope_model, x)
                 positions[:, i, width - length:] = pos[:, 0]
-                rope_delta[i] = int(delta.reshape(-1)[0])
                 types[i, width - length:] = x["mm_token_type_ids"][0]
             extra = {k: torch.cat([x[k] for x in inputs]).to(self.device) for k in IMAGE_INPUTS}
             extra["mm_token_type_ids"] = types.to(self.device)

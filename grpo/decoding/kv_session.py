@@ -68,6 +68,22 @@ def base_model(model: Any) -> Any:
     return get_base() if callable(get_base) else model
 
 
+def rope_model(model: Any) -> Any:
+    """The module holding GLM-OCR's rope index (`get_rope_index`: the inner `model` of the transformers class,
+    under peft's wrappers too), or None for a model with 1-D positions."""
+    inner = getattr(base_model(model), "model", None)
+    return inner if hasattr(inner, "get_rope_index") else None
+
+
+def prompt_positions(rope: Any, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """The one decision of a GLM-OCR prompt's M-RoPE positions: (3, 1, T) positions of the prompt `inputs`
+    (batch of one, with its image inputs) from `rope` (`rope_model`), and the offset every later token `i` adds
+    (`i + delta` on all three axes)."""
+    positions, delta = rope.get_rope_index(inputs["input_ids"], mm_token_type_ids=inputs["mm_token_type_ids"],
+                                           image_grid_thw=inputs["image_grid_thw"])
+    return positions, int(delta.reshape(-1)[0])
+
+
 def check_attention(model: Any) -> None:
     """Refuse attention kernels that ignore the decoders' float 4D masks."""
     attention = getattr(model.config, "_attn_implementation", None) or "eager"
@@ -87,10 +103,9 @@ class Session:
         self.cache = DynamicCache(config=model.config)
         self.device = model.device
         self.dtype = model.get_input_embeddings().weight.dtype
-        # GLM-OCR's rope index lives on the inner `model` of the transformers class; a peft wrapper (LoRA)
-        # hides it one level down, and 1-D positions there would decode wrong tokens without an error.
-        self.rope_model = getattr(base_model(model), "model", None)
-        self.mrope = hasattr(self.rope_model, "get_rope_index")
+        # a peft wrapper (LoRA) hides the rope index one level down: 1-D positions would decode wrong tokens
+        self.rope_model = rope_model(model)
+        self.mrope = self.rope_model is not None
         self.rope_delta = 0
         self.forwards = 0
 
@@ -106,9 +121,7 @@ class Session:
         if ids.shape[0] != 1:
             raise ValueError(f"decoders take one prompt at a time, got a batch of {ids.shape[0]}")
         if self.mrope and "image_grid_thw" in inputs:
-            positions, delta = self.rope_model.get_rope_index(
-                ids, mm_token_type_ids=inputs["mm_token_type_ids"], image_grid_thw=inputs["image_grid_thw"])
-            self.rope_delta = int(delta.reshape(-1)[0])
+            positions, self.rope_delta = prompt_positions(self.rope_model, inputs)
         else:
             positions = self._positions(0, ids.shape[1])
         out = self.model(**inputs, position_ids=positions, past_key_values=self.cache, use_cache=True,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from grpo.decoding.kv_session import prompt_positions, rope_model
 from grpo.prompting import IMAGE_INPUTS
 
 
@@ -33,7 +34,7 @@ def encode_image_rows(rows, model, processor, max_target_tokens: int,
     from grpo.prompting import encode_prompt
 
     tokenizer = processor.tokenizer
-    rope = model.base_model
+    rope = rope_model(model)
     encoded = []
     for index, row in enumerate(rows):
         target = tokenizer(row["target"], add_special_tokens=False).input_ids if targets is None else targets[index]
@@ -44,8 +45,7 @@ def encode_image_rows(rows, model, processor, max_target_tokens: int,
         except ValueError as err:
             raise PoolError(pool, f"row {index}: {err}") from err
         with torch.no_grad():
-            positions, _ = rope.get_rope_index(inputs["input_ids"], mm_token_type_ids=inputs["mm_token_type_ids"],
-                                               image_grid_thw=inputs["image_grid_thw"])
+            positions, _ = prompt_positions(rope, inputs)
         encoded.append(ImageRow(inputs["input_ids"][0].tolist(), target, positions[:, 0],
                                 {key: inputs[key] for key in IMAGE_INPUTS}))
     if not encoded:
