@@ -36,7 +36,7 @@ def long_side(value: Any) -> int | None:
     if text.isdigit() and len(text) <= 6 and 1 <= int(text) <= MAX_LONG_SIDE:
         return int(text)
     raise ValueError(f"image_long_side must be one of {', '.join(LONG_SIDES)} or a number of pixels in "
-                     f"[1, {MAX_LONG_SIDE:,}], got {str(value)[:40]!r}")
+                     f"[1, {MAX_LONG_SIDE}], got {str(value)[:40]!r}")
 
 
 def image_long_side_field(default: str = "full") -> Any:

@@ -34,8 +34,8 @@ def test_yaml_strings_are_typed_by_the_field(tmp_path):
     ("max_steps: true", "max_steps must be an integer, got True"),
     ("table_bonus: half", "table_bonus must be one of clipped, scaled, got 'half'"),
     ("model: null", "model must be a string, got nothing"),
-    ("per_device_train_batch_size: 0", r"per_device_train_batch_size must be an integer in \[1, 65,536\], got 0"),
-    ("num_generations: 0", r"num_generations must be an integer in \[2, 1,024\], got 0"),
+    ("per_device_train_batch_size: 0", r"per_device_train_batch_size must be an integer in \[1, 65536\], got 0"),
+    ("num_generations: 0", r"num_generations must be an integer in \[2, 1024\], got 0"),
     ("lora_rr: 4", r"unknown config key 'lora_rr' \(did you mean lora_r"),
 ])
 def test_a_value_that_does_not_fit_names_the_key(tmp_path, text, message):
@@ -126,8 +126,8 @@ def _one_error(capsys, argv, *culprits):
     (["train", "--set", "beta=", "--dry-run"], ["beta has an empty value"]),
     (["train", "--set", "tpf_every=often", "--dry-run"], ["tpf_every must be an integer, got 'often'"]),
     (["train", "--learning-rate", "fast", "--dry-run"], ["learning_rate must be a number, got 'fast'"]),
-    (["train", "--dry-run", "--num-processes", "-2"], ["num_processes must be an integer in [1, 65,536], got -2"]),
-    (["train", "--dry-run", "--num-processes", "0"], ["num_processes must be an integer in [1, 65,536], got 0"]),
+    (["train", "--dry-run", "--num-processes", "-2"], ["num_processes must be an integer in [1, 65536], got -2"]),
+    (["train", "--dry-run", "--num-processes", "0"], ["num_processes must be an integer in [1, 65536], got 0"]),
     (["joint", "--lr", "quick"], ["learning_rate must be a number, got 'quick'"]),
     (["joint", "--batch-size", "0"], ["batch_size must be >= 1, got 0"]),
 ])

@@ -51,7 +51,7 @@ TABLE = [
     ({"model": "{glm}", "tpf_every": 0, "use_vllm": False}, "needs an image column"),
     ({"pool": "{bad}"}, "line 2: unknown task_type 'poetry'"),
     ({"pool": "{bad}", "skip_bad": True}, "1 rows make 0 optimizer steps per epoch"),
-    ({"max_completion_length": 0}, "max_completion_length must be an integer in [1, 65,536]"),
+    ({"max_completion_length": 0}, "max_completion_length must be an integer in [1, 65536]"),
     ({"beta": -0.1}, "beta must be a number >= 0 (the KL coefficient"),
     ({"report_to": ["wandb"]}, "report_to: wandb not installed here"),
     ({"probe_size": 1000}, "rows, fewer than probe_size 1000"),

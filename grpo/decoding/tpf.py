@@ -148,7 +148,7 @@ class DecodeSettings:
             raise ValueError(f"batch_size must be in [1, {MAX_BATCH}] and samples in [1, {MAX_SAMPLES}], got "
                              f"{self.batch_size} and {self.samples}")
         if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
-            raise ValueError(f"max_new_tokens must be in [1, {MAX_NEW_TOKENS:,}], got {self.max_new_tokens}")
+            raise ValueError(f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got {self.max_new_tokens}")
         if not 0 <= self.temperature < math.inf:
             raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {self.temperature}")
         if self.mode == "diffusion" and (self.batch_size > 1 or self.temperature > 0 or self.samples > 1):

@@ -70,19 +70,21 @@ class ConfigProblems(ConfigError):
 def value_problems(config: Any, rules: list[tuple[str, Any, str]]) -> list[str]:
     """The values of `config` (a dataclass) out of bounds: `rules` (field, test, what it must be) on the fields
     that are set, and every number finite and within `MAX_NUMBER`."""
-    tests = {name: (fine, wanted) for name, fine, wanted in rules}
+    tests: dict[str, list] = {}
+    for name, fine, wanted in rules:  # a field may have two: its range, then its upper bound
+        tests.setdefault(name, []).append((fine, wanted))
     out = []
     for f in dataclasses.fields(config):
         value = getattr(config, f.name, None)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
-        fine, wanted = tests.get(f.name, (None, None))
+        failed = [wanted for fine, wanted in tests.get(f.name, []) if not fine(value)]
         if not math.isfinite(value):
             out.append(f"{f.name} must be a finite number, got {value}")
-        elif fine is not None and not fine(value):
-            out.append(f"{f.name} must be {wanted}, got {quoted(value)}")
+        elif failed:
+            out.append(f"{f.name} must be {failed[0]}, got {quoted(value)}")
         elif abs(value) > MAX_NUMBER:
-            out.append(f"{f.name} must be a number within ±{MAX_NUMBER:,}, got {quoted(value)}")
+            out.append(f"{f.name} must be a number within ±{MAX_NUMBER}, got {quoted(value)}")
     return out
 
 
@@ -101,8 +103,8 @@ class GravityModelConfig(ModelConfig):
 
     def problems(self) -> list[str]:
         """Every LoRA/quantization value no run accepts, one line each."""
-        rules = [("lora_r", lambda v: 1 <= v <= MAX_LORA_RANK, f"an integer in [1, {MAX_LORA_RANK:,}]"),
-                 ("lora_alpha", lambda v: 0 < v <= MAX_NUMBER, f"a number in (0, {MAX_NUMBER:,}]"),
+        rules = [("lora_r", lambda v: 1 <= v <= MAX_LORA_RANK, f"an integer in [1, {MAX_LORA_RANK}]"),
+                 ("lora_alpha", lambda v: 0 < v <= MAX_NUMBER, f"a number in (0, {MAX_NUMBER}]"),
                  ("lora_dropout", lambda v: 0 <= v < 1, "a number in [0, 1)")]
         out = value_problems(self, rules)
         if self.load_in_4bit and not self.use_peft:
@@ -198,8 +200,8 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
             raise ConfigProblems(problems)
         super().__post_init__()
         if self.generation_batch_size > MAX_TRAIN_BATCH:  # TRL's product of batch size, accumulation and processes
-            raise ConfigProblems([f"generation_batch_size must be at most {MAX_TRAIN_BATCH:,} completions, got "
-                                  f"{self.generation_batch_size:,}"])
+            raise ConfigProblems([f"generation_batch_size must be at most {MAX_TRAIN_BATCH} completions, got "
+                                  f"{self.generation_batch_size}"])
 
     def problems(self) -> list[str]:
         """Every value of this config that no run accepts, one line each, named by key with what it must be:
@@ -210,10 +212,9 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
     def _ranges() -> list[tuple[str, Any, str]]:
         """(field, test of its value, what it must be); None values (unset) are not tested."""
         def within(low: float, high: float, what: str = "an integer") -> tuple[Any, str]:
-            return (lambda v: low <= v <= high), f"{what} in [{low:,}, {high:,}]"
+            return (lambda v: low <= v <= high), f"{what} in [{low}, {high}]"
 
-        counts = {"max_steps": ((lambda v: v == -1 or 1 <= v <= MAX_STEPS),
-                                f"an integer in [1, {MAX_STEPS:,}] (or -1: by epochs)"),
+        counts = {"max_steps": ((lambda v: v <= MAX_STEPS), f"at most {MAX_STEPS}"),
                   "seed": within(0, MAX_SEED), "data_seed": within(0, MAX_SEED),
                   "num_generations": within(2, MAX_NUM_GENERATIONS),
                   "num_generations_eval": within(2, MAX_NUM_GENERATIONS),
@@ -230,11 +231,12 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
         for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
                      "generation_batch_size", "steps_per_generation"):
             counts[name] = within(1, MAX_TRAIN_BATCH)
-        numbers = [("learning_rate", lambda v: v >= 0, "a number >= 0"),
+        numbers = [("max_steps", lambda v: v == -1 or v >= 1, "an integer >= 1 (or -1: by epochs)"),
+                   ("learning_rate", lambda v: v >= 0, "a number >= 0"),
                    ("temperature", lambda v: v > 0, "a number > 0 (GRPO samples its groups)"),
                    ("epsilon", lambda v: v >= 0, "a number >= 0"), ("epsilon_high", lambda v: v >= 0, "a number >= 0"),
                    ("top_p", lambda v: 0 < v <= 1, "a number in (0, 1]"),
-                   ("num_train_epochs", lambda v: 0 < v <= MAX_EPOCHS, f"a number in (0, {MAX_EPOCHS:,}]"),
+                   ("num_train_epochs", lambda v: 0 < v <= MAX_EPOCHS, f"a number in (0, {MAX_EPOCHS}]"),
                    ("beta", lambda v: v >= 0, "a number >= 0 (the KL coefficient; 0 drops the reference model)"),
                    ("drafter_loss_weight", lambda v: v >= 0, "a number >= 0 (0 turns the drafter loss off)"),
                    ("tpf_floor", lambda v: 0 < v < 1, "a relative drop in (0, 1), e.g. 0.1 for 10%")]

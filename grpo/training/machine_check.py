@@ -50,7 +50,7 @@ def read_accelerate_config(path: str | Path | None) -> dict[str, Any]:
     if processes is not None and (isinstance(processes, bool) or not isinstance(processes, int)
                                   or not 1 <= processes <= MAX_PROCESSES):
         raise ConfigError(f"accelerate config {path}: num_processes {processes!r:.40} is not an integer in "
-                          f"[1, {MAX_PROCESSES:,}]")
+                          f"[1, {MAX_PROCESSES}]")
     return raw or {}
 
 

@@ -164,7 +164,6 @@ def check_output_dir(cfg: Any, resume: str | bool | None = None, overwrite: bool
         raise ConfigError("resume continues the run in output_dir and overwrite replaces it: choose one",
                           setting="overwrite")
     folder = Path(cfg.output_dir)
-    check_writable(folder)
     # the main process judges what the folder holds; the others would see what it has written meanwhile
     judged = getattr(cfg, "process_index", 0) == 0 and not resume  # a resumed folder must hold checkpoints
     if judged and not overwrite and folder.is_dir() and not folder.is_symlink() and is_own_run(folder):
@@ -174,6 +173,7 @@ def check_output_dir(cfg: Any, resume: str | bool | None = None, overwrite: bool
                         is_own=is_own_run if judged else (lambda folder: True),
                         inputs=[cfg.pool, cfg.probe_set, cfg.model], overwrite=overwrite if judged else None,
                         setting="output_dir")
+    check_writable(out)
     if isinstance(resume, str):
         if not Path(resume).is_dir():
             raise ConfigError(f"resume: no checkpoint folder {resume}", setting="resume")
@@ -267,7 +267,7 @@ def preflight(config_path: str | Path | None = None, overrides: dict[str, Any] |
     report = PreflightReport()
     problems = list(problems or [])
     if num_processes is not None and not 1 <= num_processes <= MAX_PROCESSES:
-        problems.append(f"num_processes must be an integer in [1, {MAX_PROCESSES:,}], got {num_processes}")
+        problems.append(f"num_processes must be an integer in [1, {MAX_PROCESSES}], got {num_processes}")
         num_processes = 1
     unread = False
     try:
