@@ -99,9 +99,11 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
         "help": "Measure TPF at step 0 and every N optimizer steps (and at the last step); 0 disables the probe."})
     tpf_max_new_tokens: int = field(default=512, metadata={
         "help": "Output cap per probe prompt, in tokens (for the tasks the `tpf_preset` gives none)."})
-    tpf_preset: Literal["cpu", "gravityocr"] = field(default="cpu", metadata={
+    tpf_preset: Literal["cpu", "gravityocr", "gravityocr-bench"] = field(default="cpu", metadata={
         "help": "Decode settings of the probe (grpo/decoding/presets.py): `cpu`, one cap for every task; "
-                "`gravityocr`, GravityOCR's caps per task, crop resizing and stop ids."})
+                "`gravityocr`, the caps and stop ids of GravityOCR's published evaluation; `gravityocr-bench`, "
+                "those of its forward bench and its round (batch 1, greedy: tpf_batch_size 1, tpf_samples 0), "
+                "whose `tpf/bench` is the paper's count."})
     tpf_batch_size: int = field(default=1, metadata={
         "help": "Probe prompts decoded at once by the batched self-speculative decoder (greedy outputs and "
                 "forward counts are those of batch 1)."})
@@ -171,6 +173,9 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
         if self.tpf_batch_size < 1 or self.tpf_compare_ar_k < 1 or self.tpf_samples < 0:
             raise ConfigError(f"tpf_batch_size and tpf_compare_ar_k must be >= 1 and tpf_samples >= 0, got "
                               f"{self.tpf_batch_size}, {self.tpf_compare_ar_k} and {self.tpf_samples}")
+        if self.tpf_preset == "gravityocr-bench" and (self.tpf_batch_size > 1 or self.tpf_samples):
+            raise ConfigError("tpf_preset gravityocr-bench decodes GravityOCR's round greedily at batch 1: set "
+                              f"tpf_batch_size 1 and tpf_samples 0 (got {self.tpf_batch_size} and {self.tpf_samples})")
         if self.rollout_decoder not in ROLLOUT_DECODERS:
             raise ConfigError(f"rollout_decoder must be one of {ROLLOUT_DECODERS}, got {self.rollout_decoder!r}")
         if self.rollout_decoder == "selfspec":
