@@ -24,6 +24,7 @@ from trl import GRPOConfig, ModelConfig
 from grpo.training.drafter_loss import DRAFTER_COMPLETIONS, DRAFTER_TARGETS
 from grpo.rollouts.image_prompts import image_long_side_field, long_side
 from grpo.yaml_config import ConfigError, Fields, build
+from ocr_rewards.postprocess import POSTPROCESS_MODES
 from ocr_rewards.settings import RewardFields
 
 TPF_FLOOR_ACTIONS = ("warn", "stop")
@@ -104,6 +105,9 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
                 "`gravityocr`, the caps and stop ids of GravityOCR's published evaluation; `gravityocr-bench`, "
                 "those of its forward bench and its round (batch 1, greedy: tpf_batch_size 1, tpf_samples 0), "
                 "whose `tpf/bench` is the paper's count."})
+    eval_postprocess: Literal[POSTPROCESS_MODES] = field(default="none", metadata={
+        "help": "Scoring mode of the probe's held-out reward (ocr_rewards.postprocess): 'none' (outputs as decoded) "
+                "or 'gravityocr' (GravityOCR's formatting of a region first, as its evaluation scores)."})
     tpf_batch_size: int = field(default=1, metadata={
         "help": "Probe prompts decoded at once by the batched self-speculative decoder (greedy outputs and "
                 "forward counts are those of batch 1)."})
