@@ -110,17 +110,24 @@ _NOT_TASKS = {"mean", "bench", "sampled", "accepted_per_round", "ar_equal_rate",
               "ranks"}
 
 
-def probe_settings(settings: ProbeSettings, model: Any, processor: Any, bd: Any, tasks: list[str]) -> dict:
-    """The `settings` object of the probe's figures (`grpo.decoding.presets.settings_record`) for `model`."""
+def probe_settings(settings: ProbeSettings, model: Any, processor: Any, bd: Any, tasks: list[str],
+                   autocast: str | None = None) -> dict:
+    """The `settings` object of the probe's figures (`grpo.decoding.presets.settings_record`) for `model`;
+    `autocast` names the dtype its forwards compute in when that is not its weights' (a `bf16: true` run keeps
+    float32 weights under bf16 autocast): `dtype` then says it, `weights_dtype` the weights'."""
     from grpo.checkpoint import tokenizer_of
     from grpo.decoding.presets import preset_named, settings_record
     from grpo.decoding.tpf import TPF_CONVENTION
 
     preset = preset_named(settings.preset)
-    return {"eval_postprocess": settings.postprocess} | settings_record(preset, dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
-                           max_new_tokens=settings.max_new_tokens, tasks=tasks, bd_size=bd.bd_size,
-                           stop_ids=preset.stop_ids(model, tokenizer_of(processor)), batch_size=settings.batch_size,
-                           conventions=TPF_CONVENTION, image_long_side=settings.image_long_side)
+    weights = str(next(model.parameters()).dtype).removeprefix("torch.")
+    record = settings_record(preset, dtype=autocast or weights,
+                             max_new_tokens=settings.max_new_tokens, tasks=tasks, bd_size=bd.bd_size,
+                             stop_ids=preset.stop_ids(model, tokenizer_of(processor)), batch_size=settings.batch_size,
+                             conventions=TPF_CONVENTION, image_long_side=settings.image_long_side)
+    if autocast and autocast != weights:
+        record["weights_dtype"] = weights
+    return {"eval_postprocess": settings.postprocess} | record
 
 
 def drift_records(log_history: list[dict], settings: dict | None = None) -> list[dict]:
