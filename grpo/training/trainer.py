@@ -145,6 +145,10 @@ class GravityGRPOTrainer(GRPOTrainer):
         with _cpu_engine_settings(model, args):
             super().__init__(model, reward_funcs, args, **kwargs)
         cpu = vllm_on_cpu()
+        if self.use_vllm and self.vllm_mode == "server":
+            from grpo.rollouts import server_logprobs
+
+            server_logprobs.install()  # vLLM 0.32's integer-id log-probs of image rollouts (TRL reads strings)
         if self.use_vllm and self.vllm_mode == "colocate" and cpu:
             # The one override: TRL calls `vllm_generation.sync_weights()` before generating with new weights
             # (on CPU TRL's own sync fails; a self-drafting engine drafts with the target model, synced with it).
