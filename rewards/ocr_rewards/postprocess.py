@@ -3,7 +3,7 @@
 
 GravityOCR formats each decoded region before OmniDocBench scores its page (trillion-labs/GravityOCR at commit
 df7d2cb, `src/infer_omnidocbench.py`: `clean_content` at lines 219-240, `clean_repeated_content` at 158-182,
-`normalize_inline_formula` at 197-216, `format_content` at 247-290; ported there from GLM-OCR's
+`normalize_inline_formula` at 197-216, `format_content` at 247-291; ported there from GLM-OCR's
 `glmocr/postprocess/result_formatter.py`). For a crop of task `text`, `table` or `formula` (a region whose
 layout label is that task; the heading labels `doc_title` and `paragraph_title` are not crops of this package):
 
