@@ -165,3 +165,28 @@ def test_tpf_scores_in_the_gravityocr_mode(tmp_path, capsys):
         assert row["reward"] == score(text, target, task, postprocess="gravityocr").value
     assert main(["tpf", "--pool", "tiny-probe", "--postprocess", "gravityocr"]) == 2
     assert "error: --postprocess is the scoring mode of --score: add --score" in capsys.readouterr().err
+
+
+def test_the_probe_scores_in_its_eval_postprocess_mode():
+    """`eval_postprocess: gravityocr`: the probe's held-out reward of each output is the reward of its text as
+    GravityOCR's evaluation formats it; the probe's settings record the mode; a mode no scorer knows is refused
+    where the run's config is read."""
+    from grpo.checkpoint import load_checkpoint, tokenizer_of
+    from grpo.evaluation.drift import ProbeSettings, probe_decode, probe_settings
+    from grpo.pool import load_pool
+    from grpo.yaml_config import ConfigError
+    from ocr_rewards.scoring import score
+
+    ckpt = load_checkpoint("tiny", need_drafter=True)
+    rows = list(load_pool("tiny-probe").select(range(3)))
+    settings = ProbeSettings(max_new_tokens=24, batch_size=1, temperature=1.0, samples=0, postprocess="gravityocr")
+    greedy, sampled = probe_decode(ckpt.model, ckpt.processor, rows, ckpt.bd, settings, step=0, is_vlm=False,
+                                   compare_ar=False)
+    tokenizer = tokenizer_of(ckpt.processor)
+    assert sampled == [] and [r["reward"] for r in greedy] == [
+        score(tokenizer.decode(r["output_ids"], skip_special_tokens=True), rows[r["index"]]["target"],
+              rows[r["index"]]["task_type"], postprocess="gravityocr").value for r in greedy]
+    record = probe_settings(settings, ckpt.model, ckpt.processor, ckpt.bd, ["text"])
+    assert record["eval_postprocess"] == "gravityocr" and "weights_dtype" not in record
+    with pytest.raises(ConfigError, match="eval_postprocess = 'omni' is not a probe setting"):
+        ProbeSettings(max_new_tokens=24, batch_size=1, temperature=1.0, samples=0, postprocess="omni")
