@@ -88,3 +88,11 @@ def test_the_mode_changes_the_reward_and_is_marked():
     assert score("x^2", "x^{2}", "formula", postprocess="gravityocr").value == 1.0  # $$ is normalized away
     with pytest.raises(ValueError, match="unknown postprocess mode 'omni'; valid modes: none, gravityocr"):
         RewardSettings(postprocess="omni")
+
+
+def test_the_score_command_takes_the_mode(capsys):
+    from ocr_rewards.cli import main
+
+    args = ["score", "--task", "text", "--pred-text", "Name ______________", "--ref-text", "Name ___"]
+    assert main(args) == 0 and main([*args, "--postprocess", "gravityocr"]) == 0
+    assert capsys.readouterr().out.split() == ["text", "reward:", "0.388889", "text", "reward:", "1.000000"]
