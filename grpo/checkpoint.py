@@ -55,6 +55,9 @@ class BlockDiffusionConfig:
     bd_size: int
     mask_id: int
     ar_loss_weight: float = 1.0
+    # GravityOCR's alpha form (src/models/glm_ocr_dllm.py, GlmOcrBlockDiffusion.__init__): L = (L_AR + alpha L_diff)
+    # / (1 + alpha), the same mix as ar_loss_weight = 1 / alpha; given, it decides and the AR term is always kept
+    diff_loss_weight: float | None = None
     mask_schedule: str = "uniform"  # as docs/spec.md §2 writes it; nothing reads it (grpo.joint: t ~ U(0,1) per block)
     source: Path | None = field(default=None, compare=False, repr=False)  # the file read; saves copy it as written
 
@@ -65,10 +68,16 @@ class BlockDiffusionConfig:
                 raise CheckpointError(f"{BD_FILE}: field {name!r} must be an integer, got {value!r}")
         if self.bd_size < 1:
             raise CheckpointError(f"{BD_FILE}: field 'bd_size' must be >= 1, got {self.bd_size}")
-        if isinstance(self.ar_loss_weight, bool) or not isinstance(self.ar_loss_weight, (int, float)) \
-                or self.ar_loss_weight < 0:
-            raise CheckpointError(
-                f"{BD_FILE}: field 'ar_loss_weight' must be a number >= 0, got {self.ar_loss_weight!r}")
+        for name in ("ar_loss_weight", "diff_loss_weight"):
+            value = getattr(self, name)
+            if (value is not None or name == "ar_loss_weight") and (
+                    isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+                raise CheckpointError(f"{BD_FILE}: field {name!r} must be a number >= 0, got {value!r}")
+
+    @property
+    def ar_trained(self) -> bool:
+        """Whether the joint loss had an AR term: always in the alpha form, else when `ar_loss_weight` > 0."""
+        return self.diff_loss_weight is not None or self.ar_loss_weight > 0
 
     @classmethod
     def load(cls, directory: str | Path) -> "BlockDiffusionConfig":
@@ -94,7 +103,8 @@ class BlockDiffusionConfig:
     def save(self, directory: str | Path) -> Path:
         """Write a new `block_diffusion.json` (a checkpoint made here); saves of a loaded one copy its file."""
         path = Path(directory) / BD_FILE
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "source"}
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                  if f.name != "source" and getattr(self, f.name) is not None}
         path.write_text(json.dumps(fields, indent=2) + "\n")
         return path
 
@@ -391,8 +401,9 @@ def load_checkpoint(spec: str | Path, need_drafter: bool = False,
     found = inspect_checkpoint(spec, need_drafter)
     if found.drafter_note:
         logger.warning("%s", found.drafter_note)
-    if found.bd is not None and need_drafter and found.bd.ar_loss_weight == 0:
-        logger.warning("%s: ar_loss_weight is 0, the AR path was not trained to verify drafts", found.bd.source)
+    if found.bd is not None and need_drafter and not found.bd.ar_trained:
+        logger.warning("%s: ar_loss_weight is 0 and no diff_loss_weight is given: the AR path was not trained to "
+                       "verify drafts", found.bd.source)
     source = found.source
     auto = AutoModelForImageTextToText if found.is_vlm else AutoModelForCausalLM
     model = auto.from_pretrained(source.model_dir, dtype=dtype)
@@ -405,18 +416,40 @@ def load_checkpoint(spec: str | Path, need_drafter: bool = False,
                       path=source.folder, source=source)
 
 
+def _mean_row(weight: Any, rows: int) -> Any:
+    """The mean of the first `rows` rows of `weight`, summed row by row in float64 by numpy (one order on every
+    host and thread count), in `weight`'s dtype."""
+    import numpy as np
+
+    total = np.zeros(weight.shape[1], dtype=np.float64)
+    for start in range(0, rows, 4096):  # a float64 copy of 4,096 rows at a time
+        for row in weight[start:min(start + 4096, rows)].detach().to("cpu", torch.float64).numpy():
+            total += row
+    return torch.from_numpy(total / rows).to(weight.dtype)
+
+
 def add_mask_token(model: Any, tokenizer: Any) -> int:
     """Add `<|mask|>` to the tokenizer (a processor is accepted too) and give it an embedding row; return its id.
 
-    The new row (and the output row of an untied head) is initialised to the mean of the existing rows.
+    The new row (and the output row of an untied head) is the mean of the existing rows, computed in one fixed
+    order (`_mean_row`), so the same checkpoint gets bit-equal rows on any host; transformers' own
+    `mean_resizing` draws from a covariance instead, whose last bits vary with the host.
     Idempotent: a tokenizer that already holds the token keeps its id.
     """
     tokenizer = tokenizer_of(tokenizer)
     if MASK_TOKEN not in tokenizer.get_vocab():
         tokenizer.add_tokens([MASK_TOKEN], special_tokens=True)
     mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
-    if mask_id >= model.get_input_embeddings().num_embeddings:
-        model.resize_token_embeddings(len(tokenizer), mean_resizing=True)
+    old = model.get_input_embeddings().num_embeddings
+    if mask_id >= old:
+        tables = [model.get_input_embeddings().weight, getattr(model.get_output_embeddings(), "weight", None)]
+        means = [None if w is None else _mean_row(w, old) for w in tables]
+        model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+        resized = [model.get_input_embeddings().weight, getattr(model.get_output_embeddings(), "weight", None)]
+        with torch.no_grad():
+            for weight, mean in zip(resized, means):
+                if weight is not None and mean is not None:
+                    weight[old:] = mean.to(weight.device)
     return mask_id
 
 

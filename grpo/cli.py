@@ -31,6 +31,7 @@ COMMANDS = {
     "tpf-drift": "tpf_drift",
     "demo": "demo",
     "compare": "compare",
+    "env": "env",
 }
 
 

@@ -40,16 +40,19 @@ from grpo.outputs import mark
 EVAL_FILE, START_FILE, REPORT_FILE, PLOT_FILE = "eval.json", "start.json", "compare.json", "compare.png"
 STAMP = "gravity-grpo compare"  # the marker of a comparison folder (grpo.outputs)
 TRAINED_FILE = "wall_time.json"  # the trainer writes it once training has finished
-DEFAULT_PROBE = {"probe_set": "tiny-probe", "probe_size": 60, "max_new_tokens": 192}
+DEFAULT_PROBE = {"probe_set": "tiny-probe", "probe_size": 60, "max_new_tokens": 192, "postprocess": "none"}
 
 
 def probe_named(file: str, probe: dict) -> str:
-    """`file` itself for `DEFAULT_PROBE`; `stem.<probe set>-<size>-<max new tokens>.suffix` for any other."""
+    """`file` itself for `DEFAULT_PROBE`; `stem.<probe set>-<size>-<max new tokens>[-<scoring mode>].suffix` for
+    any other (the scoring mode named where it is not "none")."""
+    probe = {**DEFAULT_PROBE, **probe}
     if probe == DEFAULT_PROBE:
         return file
     name = re.sub(r"[^\w@.-]+", "_", str(probe["probe_set"])).strip("_")
+    mode = "" if probe["postprocess"] == "none" else f"-{probe['postprocess']}"
     stem, suffix = file.rsplit(".", 1)
-    return f"{stem}.{name}-{probe['probe_size']}-{probe['max_new_tokens']}.{suffix}"
+    return f"{stem}.{name}-{probe['probe_size']}-{probe['max_new_tokens']}{mode}.{suffix}"
 
 
 @dataclass(frozen=True)
@@ -78,18 +81,22 @@ def final_checkpoint(folder: Path) -> Path:
     return Path(points[-1][1])
 
 
-def evaluate(model: str | Path, probe_set: str, probe_size: int, max_new_tokens: int) -> list[dict]:
-    """Probe rows of one checkpoint: tokens, forwards, reward, AR-equality and the output text, by prompt."""
+def evaluate(model: str | Path, probe_set: str, probe_size: int, max_new_tokens: int,
+             postprocess: str = "none") -> list[dict]:
+    """Probe rows of one checkpoint: tokens, forwards, reward (held out, in the scoring mode `postprocess`),
+    AR-equality and the output text, by prompt."""
     from grpo.pool import load_pool
     from grpo.checkpoint import load_checkpoint, tokenizer_of
     from grpo.decoding.tpf import measure_tpf
+    from ocr_rewards.settings import HELD_OUT
 
     rows = load_pool(probe_set)
     rows = rows.select(range(min(probe_size, len(rows))))
     ckpt = load_checkpoint(model, need_drafter=True)  # LoRA checkpoints: merged into the base their config names
     logging.getLogger(__name__).info("evaluating %s", ckpt.source.describe())
     stats = measure_tpf(ckpt.model, ckpt.processor, rows, ckpt.bd, is_vlm=ckpt.is_vlm,
-                        max_new_tokens=max_new_tokens, compare_ar=True, score=True, progress=False)
+                        max_new_tokens=max_new_tokens, compare_ar=True, score=True, progress=False,
+                        reward_settings=HELD_OUT.replace(postprocess=postprocess))
     tok = tokenizer_of(ckpt.processor)
     return [{"index": r["index"], "task": r["task"], "tokens": r["tokens"], "forwards": r["forwards"],
              "reward": r["reward"], "ar_equal": r["ar_equal"], "truncated": r["truncated"],

@@ -38,6 +38,7 @@ def test_two_bf16_steps_with_rollouts_and_probe(tmp_path):
     records = [json.loads(line) for line in (out / "tpf_drift.jsonl").open()]
     assert [r["step"] for r in records] == [0, 2]
     first = records[0]  # tpf_compare_ar: first, so step 0 compares every probe prompt with AR greedy
+    assert (first["settings"]["dtype"], first["settings"]["weights_dtype"]) == ("bfloat16", "float32")  # autocast
     assert first["n"] == first["ar_compared"] == PROBE_SIZE
     assert first["tpf"] > 1.0  # the drafter commits more than one token per forward in bf16 too
     assert MIN_AR_EQUAL <= first["ar_equal_rate"] <= 1.0

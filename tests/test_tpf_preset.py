@@ -25,9 +25,47 @@ def test_tpf_preset_gravityocr_writes_its_settings(tmp_path):
     assert all(settings["max_new_tokens"][task] >= cap for task, cap in GRAVITYOCR_CAPS.items()
                if task in settings["max_new_tokens"])
     assert set(settings["max_new_tokens"]) == {r["task"] for r in stats["rows"]}
-    assert settings["stop_token_ids"] == [0] and settings["bd_size"] == 16  # the tokenizer's EOS; the checkpoint's B
+    assert settings["stop_token_ids"] == [0] and settings["bd_size"] == 16  # the EOS ids; the checkpoint's B
+    assert settings["gravityocr_path"].startswith("slurm/eval_omnidocbench.slurm defaults")
     assert settings["image_long_side"] == "full"  # GravityOCR's published evaluation passes 99999
     assert set(settings["tpf_convention"]) == {"tpf", "tpf_bench"} and stats["tpf_bench"] is not None
+
+
+class _Eos:
+    """A model's generation config and a tokenizer with GLM-OCR's EOS ids (generation_config.json: 59246, 59253)."""
+
+    generation_config = type("GenerationConfig", (), {"eos_token_id": [59246, 59253]})()
+    eos_token_id = 59246
+
+
+def test_each_preset_follows_one_gravityocr_path_with_its_stop_set_and_caps():
+    """Issue 42: the published evaluation's batched path (fast_sampling_batched.py:117-123) stops on the
+    generation config's EOS and the tokenizer's; the bench's natcache path on the tokenizer's alone. An unknown
+    task gets 512 in the evaluation (MAX_NEW_TOKENS.get(task, 512)) and 256 in the bench."""
+    evaluation, bench, cpu = PRESETS["gravityocr"], PRESETS["gravityocr-bench"], PRESETS["cpu"]
+    assert evaluation.stop_ids(_Eos(), _Eos()) == {59246, 59253} == cpu.stop_ids(_Eos(), _Eos())
+    assert bench.stop_ids(_Eos(), _Eos()) == {59246}
+    assert [evaluation.cap(t, 64) for t in ("text", "table", "formula", "caption")] == [512, 4096, 4096, 512]
+    assert [bench.cap(t, 64) for t in ("text", "table", "formula", "caption")] == [256, 768, 256, 256]
+    assert [cpu.cap(t, 64) for t in ("text", "caption")] == [64, 64]
+    assert (evaluation.image_long_side, bench.image_long_side) == ("full", "1344")
+    assert (evaluation.round, bench.round) == ("package", "gravityocr")
+    assert "generate_cached_batched" in evaluation.path and "generate_speculative_natcache" in bench.path
+
+
+def test_the_probe_can_decode_as_the_bench_and_the_recipe_does(tmp_path):
+    from grpo.training.config import load_config
+    from grpo.yaml_config import ConfigError
+
+    cpu = {"output_dir": str(tmp_path), "use_cpu": True, "bf16": False}
+    config = load_config(None, {**cpu, "tpf_preset": "gravityocr-bench", "tpf_samples": 0})
+    assert config.tpf_preset == "gravityocr-bench"
+    with pytest.raises(ConfigError, match="tpf_preset gravityocr-bench decodes GravityOCR's round greedily at "
+                                          "batch 1: set tpf_batch_size 1 and tpf_samples 0"):
+        load_config(None, {**cpu, "tpf_preset": "gravityocr-bench", "tpf_batch_size": 8, "tpf_samples": 0})
+    recipe = load_config("configs/gravityocr_grpo.yaml", {"output_dir": str(tmp_path), "use_cpu": True})
+    assert (recipe.tpf_preset, recipe.tpf_batch_size, recipe.tpf_samples) == ("gravityocr-bench", 1, 0)
+    assert (recipe.eval_postprocess, recipe.reward_postprocess) == ("gravityocr", "none")
 
 
 def test_default_preset_stays_the_cpu_one(tmp_path):
@@ -105,3 +143,50 @@ def test_one_image_preparation_for_rollouts_mining_probe_and_tpf(tmp_path, capsy
     assert json.loads(out.read_text())["settings"]["image_long_side"] == "16"
     assert main(["tpf", "--pool", "tiny-probe", "--image-long-side", "0"]) == 2
     assert "error: --image-long-side: image_long_side must be one of" in capsys.readouterr().err
+
+
+def test_tpf_scores_in_the_gravityocr_mode(tmp_path, capsys):
+    """`tpf --score --postprocess gravityocr`: each row's reward is the reward of its decoded text formatted as
+    GravityOCR's evaluation formats it (ocr_rewards.postprocess), and the mode is recorded."""
+    from grpo.checkpoint import load_checkpoint, tokenizer_of
+    from grpo.pool import load_pool
+    from ocr_rewards.scoring import score
+
+    out = tmp_path / "tpf.json"
+    assert main(["tpf", "--model", "tiny", "--pool", "tiny-probe", "--limit", "4", "--max-new-tokens", "24",
+                 "--score", "--postprocess", "gravityocr", "--out", str(out)]) == 0
+    stats = json.loads(out.read_text())
+    assert stats["settings"]["eval_postprocess"] == "gravityocr"
+    tokenizer = tokenizer_of(load_checkpoint("tiny").processor)
+    pool = load_pool("tiny-probe")
+    for row in stats["rows"]:
+        text = tokenizer.decode(row["output_ids"], skip_special_tokens=True)
+        target, task = pool[row["index"]]["target"], pool[row["index"]]["task_type"]
+        assert row["reward"] == score(text, target, task, postprocess="gravityocr").value
+    assert main(["tpf", "--pool", "tiny-probe", "--postprocess", "gravityocr"]) == 2
+    assert "error: --postprocess is the scoring mode of --score: add --score" in capsys.readouterr().err
+
+
+def test_the_probe_scores_in_its_eval_postprocess_mode():
+    """`eval_postprocess: gravityocr`: the probe's held-out reward of each output is the reward of its text as
+    GravityOCR's evaluation formats it; the probe's settings record the mode; a mode no scorer knows is refused
+    where the run's config is read."""
+    from grpo.checkpoint import load_checkpoint, tokenizer_of
+    from grpo.evaluation.drift import ProbeSettings, probe_decode, probe_settings
+    from grpo.pool import load_pool
+    from grpo.yaml_config import ConfigError
+    from ocr_rewards.scoring import score
+
+    ckpt = load_checkpoint("tiny", need_drafter=True)
+    rows = list(load_pool("tiny-probe").select(range(3)))
+    settings = ProbeSettings(max_new_tokens=24, batch_size=1, temperature=1.0, samples=0, postprocess="gravityocr")
+    greedy, sampled = probe_decode(ckpt.model, ckpt.processor, rows, ckpt.bd, settings, step=0, is_vlm=False,
+                                   compare_ar=False)
+    tokenizer = tokenizer_of(ckpt.processor)
+    assert sampled == [] and [r["reward"] for r in greedy] == [
+        score(tokenizer.decode(r["output_ids"], skip_special_tokens=True), rows[r["index"]]["target"],
+              rows[r["index"]]["task_type"], postprocess="gravityocr").value for r in greedy]
+    record = probe_settings(settings, ckpt.model, ckpt.processor, ckpt.bd, ["text"])
+    assert record["eval_postprocess"] == "gravityocr" and "weights_dtype" not in record
+    with pytest.raises(ConfigError, match="eval_postprocess = 'omni' is not a probe setting"):
+        ProbeSettings(max_new_tokens=24, batch_size=1, temperature=1.0, samples=0, postprocess="omni")

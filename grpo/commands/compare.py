@@ -25,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="first N prompts of the probe set")
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_PROBE["max_new_tokens"],
                         help="output cap per probe prompt")
+    parser.add_argument("--postprocess", choices=("none", "gravityocr"), default=DEFAULT_PROBE["postprocess"],
+                        help="scoring mode of the held-out reward (ocr_rewards.postprocess); another than 'none' "
+                             "re-evaluates a finished comparison into files named after it")
     parser.add_argument("--report-only", action="store_true",
                         help="train nothing: report the seeds every arm has finished (while a comparison runs)")
 
@@ -120,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
     output_folder(args.out, "--out", kind="comparison", stamp=STAMP, inputs=[a.config for a in arms],
                   overwrite=None)
     try:
-        probe = {"probe_set": args.probe_set, "probe_size": args.probe_size, "max_new_tokens": args.max_new_tokens}
+        probe = {"probe_set": args.probe_set, "probe_size": args.probe_size, "max_new_tokens": args.max_new_tokens,
+                 "postprocess": args.postprocess}
         report = run_comparison(arms, args.seeds, args.out, common=common, probe=probe,
                                 report_only=args.report_only, log=lambda text: console.print(text, markup=False))
     except ValueError as err:  # unpaired or unfinished runs

@@ -50,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampler")
     parser.add_argument("--score", action="store_true", help="also score each output against the row's target "
                                                              "(the GRPO reward of the decoded output)")
+    parser.add_argument("--postprocess", choices=("none", "gravityocr"), default="none",
+                        help="scoring mode of --score (ocr_rewards.postprocess): 'gravityocr' formats each output "
+                             "as GravityOCR's evaluation does before the reward")
     parser.add_argument("--mode", choices=("selfspec", "diffusion"), default="selfspec", help="decoder")
     parser.add_argument("--tau", type=float, default=0.9, help="confidence threshold of --mode diffusion")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
@@ -139,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
     from grpo.console import console
     from grpo.decoding.presets import preset_named
     from grpo.decoding.tpf import measure_tpf
+    from ocr_rewards.settings import HELD_OUT
     from grpo.errors import UserError
     from grpo.hardware import torch_device, torch_device_named
     from grpo.outputs import atomic_write, output_file
@@ -158,10 +162,12 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"GravityOCR's round layout (preset {args.preset}, --round {preset.round}) decodes "
                         "self-speculatively and greedily at batch 1: leave out --mode, --batch-size and --temperature")
     if args.max_new_tokens is not None and preset.max_new_tokens:
-        preset = dataclasses.replace(preset, max_new_tokens=None)  # the flag's one cap replaces the preset's
+        preset = dataclasses.replace(preset, max_new_tokens=None, other_cap=None)  # the flag's one cap replaces the preset's
     if args.max_new_tokens is None:
         args.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
     args.dtype = args.dtype or preset.dtype
+    if args.postprocess != "none" and not args.score:
+        raise UserError("--postprocess is the scoring mode of --score: add --score", setting="postprocess")
     _check_decoding(args, UserError)
     device = torch_device_named(args.device) if args.device is not None else torch_device()
     out = output_file(args.out, "--out", stamp=STAMP, inputs=[args.pool, args.model], overwrite=args.overwrite)
@@ -175,7 +181,10 @@ def run(args: argparse.Namespace) -> int:
     stats = measure_tpf(ckpt.model, ckpt.processor, pool, ckpt.bd, is_vlm=ckpt.is_vlm, bd_size=args.bd_size,
                         max_new_tokens=args.max_new_tokens, compare_ar=args.compare_ar, mode=args.mode,
                         tau=args.tau, score=args.score, batch_size=args.batch_size, temperature=args.temperature,
-                        samples=args.samples, seed=args.seed, preset=preset, image_long_side=args.image_long_side)
+                        samples=args.samples, seed=args.seed, preset=preset, image_long_side=args.image_long_side,
+                        reward_settings=HELD_OUT.replace(postprocess=args.postprocess))
+    if args.score:
+        stats["settings"]["eval_postprocess"] = args.postprocess
     stats = {"written_by": STAMP, **stats, "model": str(ckpt.path), "pool": args.pool}
     console.print(_table(stats))
     console.print(f"decode wall time {stats['wall_s']:.2f} s at batch size {args.batch_size}", markup=False)

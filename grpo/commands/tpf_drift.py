@@ -16,6 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probe-set", help="probe prompts (default: the run's probe_set)")
     parser.add_argument("--probe-size", type=int, help="first N probe prompts (default: the run's probe_size)")
     parser.add_argument("--max-new-tokens", type=int, help="output cap per prompt (default: the run's)")
+    parser.add_argument("--postprocess", choices=("none", "gravityocr"),
+                        help="held-out scoring mode (ocr_rewards.postprocess; default: the run's eval_postprocess)")
     parser.add_argument("--no-initial", action="store_true", help="skip step 0 (the run's starting checkpoint)")
     parser.add_argument("--out", type=Path, help=f"folder for {OUT_NAME}.jsonl and .png (default: RUN_DIR)")
     parser.add_argument("--overwrite", action="store_true", help=f"replace the {OUT_NAME} files of an earlier "
@@ -60,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     out = check_out(args, run_dir)
     records = remeasure_checkpoints(
         run_dir, field_default, probe_set=args.probe_set, probe_size=args.probe_size, max_new_tokens=args.max_new_tokens,
-        include_initial=not args.no_initial,
+        postprocess=args.postprocess, include_initial=not args.no_initial,
         on_checkpoint=lambda step, source: console.print(f"step {step}: {source.describe()}", markup=False))
     for r in records:
         sampled = "-" if r["tpf_sampled"] is None else f"{r['tpf_sampled']:.3f}"

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from grpo.evaluation.stats import paired_interval
 from grpo.evaluation.run_dir import RunDir
+from ocr_rewards.postprocess import POSTPROCESS_MODES
 from ocr_rewards.settings import HELD_OUT, RewardSettings
 
 
@@ -34,10 +35,11 @@ class ProbeSettings:
     samples: int         # sampled draws per prompt (0: greedy only)
     preset: str = "cpu"  # grpo.decoding.presets: caps per task, stop ids
     image_long_side: str = "full"  # the run's, as its rollouts see crops (grpo.crop_size)
+    postprocess: str = "none"  # the held-out reward's scoring mode (ocr_rewards.postprocess)
 
     CONFIG_FIELDS = {"max_new_tokens": "tpf_max_new_tokens", "batch_size": "tpf_batch_size",
                      "temperature": "temperature", "samples": "tpf_samples", "preset": "tpf_preset",
-                     "image_long_side": "image_long_side"}
+                     "image_long_side": "image_long_side", "postprocess": "eval_postprocess"}
 
     def __post_init__(self):
         """Refuse values no decoder takes (a `run_config.json` edited by hand, say), naming the config field."""
@@ -47,12 +49,14 @@ class ProbeSettings:
         whole = lambda v, low: isinstance(v, int) and not isinstance(v, bool) and v >= low  # noqa: E731
         fine = {"max_new_tokens": whole(self.max_new_tokens, 1), "batch_size": whole(self.batch_size, 1),
                 "samples": whole(self.samples, 0), "preset": isinstance(self.preset, str),
+                "postprocess": self.postprocess in POSTPROCESS_MODES,
                 "temperature": isinstance(self.temperature, (int, float)) and not isinstance(self.temperature, bool)
                 and 0 <= self.temperature < math.inf}
         for name, ok in fine.items():
             if not ok:
                 raise ConfigError(f"{self.CONFIG_FIELDS[name]} = {quoted(getattr(self, name))} is not a probe "
-                                  "setting (integers >= 1, samples >= 0, a finite temperature >= 0)")
+                                  "setting (integers >= 1, samples >= 0, a finite temperature >= 0, "
+                                  f"postprocess one of {', '.join(POSTPROCESS_MODES)})")
 
     @classmethod
     def of(cls, read: Callable[[str], Any]) -> ProbeSettings:
@@ -65,14 +69,16 @@ def probe_decode(model: Any, processor: Any, rows: list, bd: Any, settings: Prob
                  reward_settings: RewardSettings = HELD_OUT) -> tuple[list[dict], list[dict]]:
     """The probe at `step` on `rows`: greedy self-speculative records scored against their targets (AR greedy
     compared where `compare_ar` says), and, with `settings.samples`, records sampled at the rollout temperature
-    from a generator seeded with the step (`grpo.decoding.tpf.decode_rows`; none without samples)."""
+    from a generator seeded with the step (`grpo.decoding.tpf.decode_rows`; none without samples). The held-out
+    reward is `reward_settings` in the scoring mode `settings.postprocess`."""
     from grpo.decoding.presets import preset_named
     from grpo.decoding.tpf import DecodeSettings, decode_rows
 
     common = DecodeSettings(max_new_tokens=settings.max_new_tokens, batch_size=settings.batch_size, progress=False,
                             preset=preset_named(settings.preset), image_long_side=settings.image_long_side)
     greedy = decode_rows(model, processor, rows, bd, dataclasses.replace(
-        common, compare_ar=compare_ar, score=True, reward_settings=reward_settings), indices=indices, is_vlm=is_vlm)
+        common, compare_ar=compare_ar, score=True, reward_settings=reward_settings.replace(
+            postprocess=settings.postprocess)), indices=indices, is_vlm=is_vlm)
     sampled = []
     if settings.samples:
         sampled = decode_rows(model, processor, rows, bd, dataclasses.replace(
@@ -105,17 +111,24 @@ _NOT_TASKS = {"mean", "bench", "sampled", "accepted_per_round", "ar_equal_rate",
               "ranks"}
 
 
-def probe_settings(settings: ProbeSettings, model: Any, processor: Any, bd: Any, tasks: list[str]) -> dict:
-    """The `settings` object of the probe's figures (`grpo.decoding.presets.settings_record`) for `model`."""
+def probe_settings(settings: ProbeSettings, model: Any, processor: Any, bd: Any, tasks: list[str],
+                   autocast: str | None = None) -> dict:
+    """The `settings` object of the probe's figures (`grpo.decoding.presets.settings_record`) for `model`;
+    `autocast` names the dtype its forwards compute in when that is not its weights' (a `bf16: true` run keeps
+    float32 weights under bf16 autocast): `dtype` then says it, `weights_dtype` the weights'."""
     from grpo.checkpoint import tokenizer_of
     from grpo.decoding.presets import preset_named, settings_record
     from grpo.decoding.tpf import TPF_CONVENTION
 
     preset = preset_named(settings.preset)
-    return settings_record(preset, dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
-                           max_new_tokens=settings.max_new_tokens, tasks=tasks, bd_size=bd.bd_size,
-                           stop_ids=preset.stop_ids(model, tokenizer_of(processor)), batch_size=settings.batch_size,
-                           conventions=TPF_CONVENTION, image_long_side=settings.image_long_side)
+    weights = str(next(model.parameters()).dtype).removeprefix("torch.")
+    record = settings_record(preset, dtype=autocast or weights,
+                             max_new_tokens=settings.max_new_tokens, tasks=tasks, bd_size=bd.bd_size,
+                             stop_ids=preset.stop_ids(model, tokenizer_of(processor)), batch_size=settings.batch_size,
+                             conventions=TPF_CONVENTION, image_long_side=settings.image_long_side)
+    if autocast and autocast != weights:
+        record["weights_dtype"] = weights
+    return {"eval_postprocess": settings.postprocess} | record
 
 
 def drift_records(log_history: list[dict], settings: dict | None = None) -> list[dict]:
@@ -169,12 +182,12 @@ def run_dtype(config: dict):
 
 def remeasure_checkpoints(run: RunDir, default: Callable[[str], Any], *, probe_set: str | None = None,
                           probe_size: int | None = None, max_new_tokens: int | None = None,
-                          include_initial: bool = True,
+                          postprocess: str | None = None, include_initial: bool = True,
                           on_checkpoint: Callable[[int, Any], None] = lambda step, source: None) -> list[dict]:
     """TPF and held-out reward of every saved checkpoint of `run` (and of its starting model), as drift records.
 
     The probe settings default to the run's own (its `run_config.json`; a field it lacks at `default(field)`,
-    the config's default), and so does the dtype: a bf16 run is
+    the config's default; `postprocess` names another held-out scoring mode), and so does the dtype: a bf16 run is
     re-measured in bf16, comparable with its live probe. Every prompt is compared with AR greedy, and TPF at
     the run's `temperature` is measured beside greedy. Records carry the training reward of their step from the
     run's metrics, as the live probe's do. Checkpoints are loaded as every command loads them
@@ -206,6 +219,8 @@ def remeasure_checkpoints(run: RunDir, default: Callable[[str], Any], *, probe_s
         raise ConfigError(f"{run.file(RUN_CONFIG)}: {err}") from None
     if max_new_tokens:
         settings = dataclasses.replace(settings, max_new_tokens=max_new_tokens)
+    if postprocess:
+        settings = dataclasses.replace(settings, postprocess=postprocess)
     points = run.checkpoints()
     if include_initial and config.get("model"):
         points.insert(0, (0, config["model"]))

@@ -83,8 +83,10 @@ class TpfProbeCallback(TrainerCallback):
         if self._settings is None:
             trainer = self.trainer
             tasks = sorted({row.get("task_type", "unknown") for row in self.rows})
-            self._settings = probe_settings(ProbeSettings.of(lambda name: getattr(trainer.args, name)),
-                                            trainer.model, trainer.processing_class, self.bd, tasks)
+            args = trainer.args
+            autocast = "bfloat16" if args.bf16 else "float16" if args.fp16 else None  # accelerate's autocast
+            self._settings = probe_settings(ProbeSettings.of(lambda name: getattr(args, name)),
+                                            trainer.model, trainer.processing_class, self.bd, tasks, autocast)
         return self._settings
 
     # --- the probe ---

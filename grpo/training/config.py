@@ -27,6 +27,7 @@ from grpo.crop_size import image_long_side_field, long_side
 from grpo.errors import quoted
 from grpo.limits import MAX_BATCH, MAX_NEW_TOKENS, MAX_PROBE_SIZE, MAX_SAMPLES, MAX_SEED
 from grpo.yaml_config import ConfigError, Fields, read_recipe
+from ocr_rewards.postprocess import POSTPROCESS_MODES
 from ocr_rewards.settings import RewardFields
 
 TPF_FLOOR_ACTIONS = ("warn", "stop")
@@ -156,9 +157,14 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
         "help": "Measure TPF at step 0 and every N optimizer steps (and at the last step); 0 disables the probe."})
     tpf_max_new_tokens: int = field(default=512, metadata={
         "help": "Output cap per probe prompt, in tokens (for the tasks the `tpf_preset` gives none)."})
-    tpf_preset: Literal["cpu", "gravityocr"] = field(default="cpu", metadata={
+    tpf_preset: Literal["cpu", "gravityocr", "gravityocr-bench"] = field(default="cpu", metadata={
         "help": "Decode settings of the probe (grpo/decoding/presets.py): `cpu`, one cap for every task; "
-                "`gravityocr`, GravityOCR's caps per task, crop resizing and stop ids."})
+                "`gravityocr`, the caps and stop ids of GravityOCR's published evaluation; `gravityocr-bench`, "
+                "those of its forward bench and its round (batch 1, greedy: tpf_batch_size 1, tpf_samples 0), "
+                "whose `tpf/bench` is the paper's count."})
+    eval_postprocess: Literal[POSTPROCESS_MODES] = field(default="none", metadata={
+        "help": "Scoring mode of the probe's held-out reward (ocr_rewards.postprocess): 'none' (outputs as decoded) "
+                "or 'gravityocr' (GravityOCR's formatting of a region first, as its evaluation scores)."})
     tpf_batch_size: int = field(default=1, metadata={
         "help": "Probe prompts decoded at once by the batched self-speculative decoder (greedy outputs and "
                 "forward counts are those of batch 1)."})
@@ -259,6 +265,9 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
             out.append("tpf_floor needs the TPF probe: set tpf_every > 0, or remove tpf_floor")
         if self.tpf_floor_action == "stop" and self.tpf_floor is None:
             out.append("tpf_floor_action 'stop' needs tpf_floor (e.g. 0.1)")
+        if self.tpf_preset == "gravityocr-bench" and (self.tpf_batch_size > 1 or self.tpf_samples):
+            out.append("tpf_preset gravityocr-bench decodes GravityOCR's round greedily at batch 1: set "
+                       f"tpf_batch_size 1 and tpf_samples 0 (got {self.tpf_batch_size} and {self.tpf_samples})")
         if self.rollout_decoder == "selfspec":
             if self.use_vllm:
                 out.append("rollout_decoder 'selfspec' replaces TRL's HF generation: set use_vllm: false")

@@ -75,6 +75,10 @@ class GravityGRPOTrainer(GRPOTrainer):
         self._entries_written = -1  # log entries in OUTPUT/metrics.jsonl; -1: not written by this process yet
         super().__init__(model, reward_funcs, args, **kwargs)  # under `grpo.training.run.engine_settings`
         cpu = vllm_on_cpu()
+        if self.use_vllm and self.vllm_mode == "server":
+            from grpo.rollouts import server_logprobs
+
+            server_logprobs.install()  # vLLM 0.32's integer-id log-probs of image rollouts (TRL reads strings)
         if self.use_vllm and self.vllm_mode == "colocate" and cpu:
             # The one override: TRL calls `vllm_generation.sync_weights()` before generating with new weights
             # (on CPU TRL's own sync fails; a self-drafting engine drafts with the target model, synced with it).

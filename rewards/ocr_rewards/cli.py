@@ -73,6 +73,7 @@ def add_score_arguments(parser: argparse.ArgumentParser) -> None:
     from .settings import DEFAULT
     from .table import TABLE_BONUS
     from .think import THINK_MODES
+    from .postprocess import POSTPROCESS_MODES
 
     parser.add_argument("--task", choices=TASKS, help="reward to apply (with --pred/--ref)")
     for name, what in (("pred", "prediction"), ("ref", "reference")):
@@ -91,6 +92,9 @@ def add_score_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--think", choices=THINK_MODES, default=DEFAULT.think,
                         help=f"the prediction's closed <think> blocks: removed before scoring or kept (default "
                              f"{DEFAULT.think}; docs/rewards.md)")
+    parser.add_argument("--postprocess", choices=POSTPROCESS_MODES, default=DEFAULT.postprocess,
+                        help="the prediction before scoring: as given, or formatted as GravityOCR's evaluation "
+                             f"formats a region, 'gravityocr' (default {DEFAULT.postprocess}; docs/rewards.md)")
     parser.add_argument("--explain", action="store_true", help="also print the reward's components")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--workers", type=_positive, default=None, help="worker processes for --pairs (default: CPUs)")
@@ -100,7 +104,8 @@ def reward_settings(args: argparse.Namespace):
     """The `RewardSettings` of the command line."""
     from .settings import RewardSettings
 
-    return RewardSettings(gate=args.gate, table_bonus=args.table_bonus, think=args.think)
+    return RewardSettings(gate=args.gate, table_bonus=args.table_bonus, think=args.think,
+                          postprocess=args.postprocess)
 
 
 def _positive(text: str) -> int:
@@ -293,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--workers", type=_positive, default=None, help="worker processes (default: CPUs)")
     check.set_defaults(run=run_score, check=True, task=None, pred=None, pred_text=None, ref=None,
                        ref_text=None, gate=DEFAULT.gate,
-                       table_bonus=DEFAULT.table_bonus, think=DEFAULT.think)
+                       table_bonus=DEFAULT.table_bonus, think=DEFAULT.think, postprocess=DEFAULT.postprocess)
     return parser
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .formula import score_formula
 from .gate import gate as gate_factor
+from .postprocess import gravityocr_postprocess
 from .result import RewardResult
 from .settings import MAX_PRED_CHARS, RewardSettings, settings_of
 from .similarity import similarity
@@ -60,7 +61,9 @@ def score(pred: str, ref: str, task: str, settings: RewardSettings | None = None
 
     `settings` (`ocr_rewards.settings.RewardSettings`, default its defaults) with `changes` to its fields (e.g.
     `gate="absolute"`) say how. First the prediction's closed think blocks are removed (`ocr_rewards.think`;
-    component `think_removed` says one was), unless `think="keep"`. A prediction identical to its reference
+    component `think_removed` says one was), unless `think="keep"`; with `postprocess="gravityocr"` it is then
+    formatted as GravityOCR formats a region (`ocr_rewards.postprocess`; component `postprocessed` says it
+    changed; a prediction over `max_pred_chars` is left as it is). A prediction identical to its reference
     always scores 1.0 (component `identical`), whatever the task; one over `max_pred_chars` scores 0
     (`too_long`); a reference over `MAX_REF_CHARS` by `long_reference_score`; otherwise `value = base * g`,
     g the degeneration gate (`ocr_rewards.gate`).
@@ -74,12 +77,17 @@ def score(pred: str, ref: str, task: str, settings: RewardSettings | None = None
     """
     check_task(task)
     settings = settings_of(settings, **changes)
-    removed = False
+    marks = {}
     if settings.think == "strip":
         pred, removed = strip_think(pred)
+        marks.update({"think_removed": 1.0} if removed else {})
+    if settings.postprocess == "gravityocr" and len(pred) <= settings.max_pred_chars:
+        formatted = gravityocr_postprocess(pred, task)
+        marks.update({"postprocessed": 1.0} if formatted != pred else {})
+        pred = formatted
     result = _score(pred, ref, task, settings)
-    if removed:
-        return RewardResult(result.value, {**result.components, "think_removed": 1.0}, task)
+    if marks:
+        return RewardResult(result.value, {**result.components, **marks}, task)
     return result
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .gate import GATES, check_gate
+from .postprocess import POSTPROCESS_MODES, check_postprocess
 from .table import TABLE_BONUS, check_table_bonus
 from .think import THINK_MODES, check_think
 
@@ -29,11 +30,13 @@ TIMEOUT_S = 10.0  # per completion in a batch; a 100x10 table scores in well und
 
 @dataclass(frozen=True)
 class RewardSettings:
-    """The reading of the reward (`gate`, `table_bonus`, `think`) and its bounds (`max_pred_chars`, `timeout_s`)."""
+    """The reading of the reward (`gate`, `table_bonus`, `think`, `postprocess`) and its bounds (`max_pred_chars`,
+    `timeout_s`)."""
 
     gate: str = "relative"               # degeneration gate (ocr_rewards.gate): relative to the reference's
     table_bonus: str = "clipped"         # the table shape bonus inside the clip, as published (ocr_rewards.table)
     think: str = "strip"                 # closed think blocks removed before scoring, as GravityOCR (ocr_rewards.think)
+    postprocess: str = "none"            # "gravityocr": GravityOCR's formatting first (ocr_rewards.postprocess)
     max_pred_chars: int = MAX_PRED_CHARS  # longer predictions score 0 unparsed
     timeout_s: float = TIMEOUT_S         # per completion in a batch (ocr_rewards.trl_reward)
 
@@ -41,6 +44,7 @@ class RewardSettings:
         check_gate(self.gate)
         check_table_bonus(self.table_bonus)
         check_think(self.think)
+        check_postprocess(self.postprocess)
         if not self.max_pred_chars >= 1:
             raise ValueError(f"max_pred_chars must be >= 1, got {self.max_pred_chars}")
         if not self.timeout_s > 0:
@@ -64,8 +68,8 @@ def settings_of(settings: RewardSettings | None = None, **changes) -> RewardSett
 
 @dataclass(kw_only=True)  # keyword-only: a config's own fields without defaults may come after them
 class RewardFields:
-    """The reward's reading as config fields (`gate`, `table_bonus`, `think`), shared by the configs of train and
-    mine."""
+    """The reward's reading as config fields (`gate`, `table_bonus`, `think`, `reward_postprocess`), shared by the
+    configs of train and mine."""
 
     table_bonus: Literal[TABLE_BONUS] = field(default=DEFAULT.table_bonus, metadata={
         "help": "Reading of the table reward's shape bonus (docs/spec.md §4): 'clipped' (inside the clip, as published) "
@@ -77,7 +81,13 @@ class RewardFields:
         "help": "The completion's think block (ocr_rewards.think): 'strip' (closed <think>...</think> blocks and the "
                 "whitespace after them removed before scoring, as GravityOCR does) or 'keep' (scored as text)."})
 
+    reward_postprocess: Literal[POSTPROCESS_MODES] = field(default=DEFAULT.postprocess, metadata={
+        "help": "The completion before scoring (ocr_rewards.postprocess): 'none' (as decoded) or 'gravityocr' "
+                "(GravityOCR's formatting of a region first: runs of dots and underscores capped at 3, a repetition "
+                "loop cut, formulas wrapped in $$)."})
+
     @property
     def reward_settings(self) -> RewardSettings:
         """The `RewardSettings` these fields name."""
-        return RewardSettings(gate=self.gate, table_bonus=self.table_bonus, think=self.think)
+        return RewardSettings(gate=self.gate, table_bonus=self.table_bonus, think=self.think,
+                              postprocess=self.reward_postprocess)
