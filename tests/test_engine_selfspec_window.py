@@ -147,3 +147,59 @@ def test_engine_reports_are_checked():
                          (dict(good, backends=["FLASH_ATTN"]), "runs FLASH_ATTN")):
         with pytest.raises(RuntimeError, match=message):
             check_report(bad)
+
+
+def _accepted_per_round(outputs: list[list[int]], rounds: float) -> float:
+    """Tokens a round commits beyond the target's own one (benchmarks/rollout_bench.py, one definition for both)."""
+    return (sum(map(len, outputs)) - len(outputs) - rounds) / rounds
+
+
+@pytest.mark.parametrize("config, least_tpf", [("tiny_cpu", 3.0), ("tiny_vlm_cpu", 2.5)])
+def test_engine_window_drafts_as_the_decoder(config, least_tpf):
+    """Check `engine-window`: on the recipe's model, prompts and caps, the self-drafted engine's greedy outputs
+    equal plain vLLM's, its accepted tokens per round are within 2% of the package's own self-speculative
+    decoder's, and it commits at least `least_tpf` tokens per forward, the drafting counted."""
+    from vllm import SamplingParams
+
+    from grpo.checkpoint import load_checkpoint, resolve_model
+    from grpo.decoding.kv_session import stop_token_ids
+    from grpo.decoding.selfspec import SelfSpecDecoder
+    from grpo.pool import load_pool
+    from grpo.prompting import encode_prompt, user_turn
+    from grpo.rollouts.engine import make_llm
+    from grpo.rollouts.engine_selfspec import DRAFTS, rollout_metrics, spec_counters
+    from grpo.training.config import load_config
+
+    torch.set_num_threads(1)
+    cfg = load_config(config)
+    path = resolve_model(cfg.model)
+    ckpt = load_checkpoint(path)
+    rows = list(load_pool(cfg.pool))[:8]
+    tokenizer = getattr(ckpt.processor, "tokenizer", ckpt.processor)
+
+    def request(row):
+        if not ckpt.is_vlm:
+            return row["prompt"]
+        text = ckpt.processor.apply_chat_template(user_turn(row["prompt"], row["image"]), add_generation_prompt=True,
+                                                  tokenize=False)
+        return {"prompt": text, "multi_modal_data": {"image": row["image"]}}
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=cfg.max_completion_length)
+    drafted = make_llm(path, max_model_len=cfg.vllm_max_model_length, dtype="float32", self_speculation=True)
+    before = spec_counters(drafted)
+    engine = [list(o.outputs[0].token_ids) for o in drafted.generate([request(r) for r in rows], greedy,
+                                                                      use_tqdm=False)]
+    after = spec_counters(drafted)
+    rounds = after[DRAFTS] - before[DRAFTS]
+    tpf = rollout_metrics(before, after, drafted=True)["rollout/tokens_per_forward"]
+
+    decoder = SelfSpecDecoder(ckpt.model, ckpt.bd.mask_id, ckpt.bd.bd_size, stop_token_ids(ckpt.model, tokenizer),
+                              cfg.max_completion_length)
+    results = [decoder.generate(encode_prompt(ckpt.processor, r, is_vlm=ckpt.is_vlm)) for r in rows]
+    plain = make_llm(path, max_model_len=cfg.vllm_max_model_length, dtype="float32")
+    assert engine == [list(o.outputs[0].token_ids) for o in plain.generate([request(r) for r in rows], greedy,
+                                                                            use_tqdm=False)]
+    assert engine == [r.tokens for r in results]
+    hf = _accepted_per_round([r.tokens for r in results], sum(r.rounds for r in results))
+    assert _accepted_per_round(engine, rounds) == pytest.approx(hf, rel=0.02)
+    assert tpf >= least_tpf
