@@ -4,7 +4,8 @@ own self-speculative decoder on the same prompts.
 The demo's rollouts (a GRPO recipe, default configs/tiny_cpu.yaml; configs/tiny_vlm_cpu.yaml for the tiny GLM-OCR,
 whose prompts go to the engine as the chat-template text with their image): the recipe's checkpoint and pool
 (or `--model`, `--pool`), `max_completion_length`, `temperature`, seed and `vllm_max_model_length`, in `--dtype`
-(default float32, HF float32's tokens). Each engine runs in its own process (one vLLM engine per process), one after the other:
+(default float32, HF float32's tokens). Each engine runs in its own process (one vLLM engine per process), one
+after the other:
 - greedy (temperature 0) over the first `--greedy-prompts` pool prompts: outputs compared token for token between
   the engines and with `grpo.decoding.selfspec.SelfSpecDecoder` (greedy, same caps and block size);
 - sampled (the recipe's temperature, one seed per request) at each `--batch-sizes` N: batches of N pool prompts

@@ -174,7 +174,7 @@ def test_engine_window_drafts_as_the_decoder(config, least_tpf):
     cfg = load_config(config)
     path = resolve_model(cfg.model)
     ckpt = load_checkpoint(path)
-    rows = list(load_pool(cfg.pool))[:8]
+    rows = list(load_pool(cfg.pool))[:32]
     tokenizer = getattr(ckpt.processor, "tokenizer", ckpt.processor)
 
     def request(row):
@@ -203,3 +203,33 @@ def test_engine_window_drafts_as_the_decoder(config, least_tpf):
     hf = _accepted_per_round([r.tokens for r in results], sum(r.rounds for r in results))
     assert _accepted_per_round(engine, rounds) == pytest.approx(hf, rel=0.02)
     assert tpf >= least_tpf
+
+
+def test_an_engine_in_another_process_drafts_through_the_plugin(monkeypatch):
+    """With the engine core in its own process, only the package's vLLM plugin entry point can install the
+    drafter there: the engine starts (its start-up check passes), a0 is accepted in every round (the drafter is
+    the target itself), and the greedy outputs are HF greedy's."""
+    from vllm import SamplingParams
+
+    from grpo.checkpoint import load_checkpoint, resolve_model
+    from grpo.pool import load_pool
+    from grpo.rollouts.engine import make_llm
+    from grpo.rollouts.engine_selfspec import rollout_metrics, spec_counters
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    prompts = list(load_pool("tiny")["prompt"][:4])
+    llm = make_llm(resolve_model("tiny"), max_model_len=512, dtype="float32", self_speculation=True)
+    before = spec_counters(llm)
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW), use_tqdm=False)
+    counts = rollout_metrics(before, spec_counters(llm), drafted=True)
+    assert counts["rollout/accepted_at_0"] == 1.0 and counts["rollout/accepted_per_round"] > 1.0
+    ckpt = load_checkpoint(resolve_model("tiny"))
+    tokenizer = ckpt.processor
+    for prompt, out in zip(prompts, outs):
+        ids = tokenizer(prompt, return_tensors="pt")
+        with torch.no_grad():
+            hf = ckpt.model.generate(**ids, max_new_tokens=MAX_NEW, do_sample=False)[0, ids.input_ids.shape[1]:]
+        hf = hf.tolist()
+        if tokenizer.eos_token_id in hf:
+            hf = hf[:hf.index(tokenizer.eos_token_id) + 1]
+        assert list(out.outputs[0].token_ids) == hf

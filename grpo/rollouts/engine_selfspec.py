@@ -34,6 +34,7 @@ ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 COUNTERS = (GENERATED, REQUESTS, DRAFTS, ACCEPTED)
 V2_RUNNER = "VLLM_USE_V2_MODEL_RUNNER"
+WORKER_EXTENSION = "grpo.rollouts.self_drafter.SelfDraftWorker"  # answers `check_engine` in every worker
 
 
 def draft_length(bd_size: int, override: int | None = None) -> int:
@@ -71,6 +72,7 @@ def speculative_kwargs(model_dir: str | Path, draft_len: int | None = None) -> d
                                "draft_sample_method": "probabilistic"},
         "hf_overrides": functools.partial(_with_mask_token, bd.mask_id),
         "disable_log_stats": False,
+        "worker_extension_cls": WORKER_EXTENSION,
         **window_backend_kwargs(),
     }
 
@@ -99,6 +101,9 @@ def start_self_drafted(llm_class: Any, draft_len: int | None = None, **kwargs: A
     A caller's `max_num_batched_tokens` is raised where it would cap `max_num_seqs` (`batched_tokens`).
     """
     spec = speculative_kwargs(kwargs["model"], draft_len)
+    if kwargs.get("worker_extension_cls") not in (None, WORKER_EXTENSION):
+        raise ValueError(f"a self-drafted engine takes the worker extension {WORKER_EXTENSION}, not "
+                         f"{kwargs['worker_extension_cls']}")
     kwargs = {**kwargs, **spec}
     if kwargs.get("max_num_batched_tokens") and kwargs.get("max_num_seqs"):
         kwargs["max_num_batched_tokens"] = batched_tokens(kwargs["max_num_batched_tokens"], kwargs["max_num_seqs"],

@@ -137,19 +137,22 @@ def check_backend(name: str) -> None:
                            "masks causally: start it with attention_config={'backend': 'TRITON_ATTN'}")
 
 
-def _report(worker) -> dict:
-    """What a worker's runner drafts with (run inside the worker through `collective_rpc`)."""
-    runner = worker.model_runner
-    drafter = getattr(runner, "drafter", None)
-    groups = getattr(drafter, "draft_attn_groups", None) or []
-    return {"runner": f"{type(runner).__module__}.{type(runner).__name__}",
-            "drafter": type(drafter).__name__, "one_copy": getattr(drafter, "model", None) is runner.model,
-            "backends": sorted({g.backend.get_name() for g in groups})}
+class SelfDraftWorker:
+    """vLLM worker extension (`worker_extension_cls`): what a worker's runner drafts with, asked for by name
+    through `collective_rpc`, which reaches workers in other processes too."""
+
+    def self_draft_report(self) -> dict:
+        runner = self.model_runner
+        drafter = getattr(runner, "drafter", None)
+        groups = getattr(drafter, "draft_attn_groups", None) or []
+        return {"runner": f"{type(runner).__module__}.{type(runner).__name__}",
+                "drafter": type(drafter).__name__, "one_copy": getattr(drafter, "model", None) is runner.model,
+                "backends": sorted({g.backend.get_name() for g in groups})}
 
 
 def check_report(report: dict) -> None:
-    """Refuse (RuntimeError) a worker (`_report`) that does not draft with `SelfDraftProposer` on the V1 runner,
-    on the target's own weights, with a backend that honours the window."""
+    """Refuse (RuntimeError) a worker's report (`SelfDraftWorker.self_draft_report`) that does not draft with
+    `SelfDraftProposer` on the V1 runner, on the target's own weights, with a backend that honours the window."""
     if report["runner"] not in V1_RUNNERS:
         raise RuntimeError(f"the engine runs {report['runner']}, not vLLM's V1 model runner, where the "
                            "self-drafter is installed")
@@ -164,7 +167,7 @@ def check_report(report: dict) -> None:
 def check_engine(llm) -> None:
     """`check_report` on every worker of a started engine: a silent fallback to vLLM's own proposer, a second
     weight copy or a causal window would otherwise go unnoticed."""
-    for report in llm.collective_rpc(_report):
+    for report in llm.collective_rpc("self_draft_report"):
         check_report(report)
 
 
