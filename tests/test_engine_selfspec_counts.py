@@ -91,3 +91,25 @@ def test_window_metadata_is_x0_causal_then_the_masks_on_the_next_slots():
     # request 0: indices 5, 6, 7 in block 1 (id 3); request 1: 9, 10, 11 in block 2 (id 6)
     assert out.slot_mapping.tolist() == [13, 14, 15, 25, 26, 27]
     assert (out.num_reqs, out.num_actual_tokens, out.max_query_len, out.max_seq_len) == (4, 6, 2, 15)
+
+
+def test_lost_draft_probabilities_are_an_error_not_a_deterministic_fallback():
+    """vLLM's own lookup (run here on a stand-in of its runner's state) warns and returns None when a drafted
+    request has no recorded probabilities; installed, that is an error, while a step whose probabilities are all
+    there returns them."""
+    from types import SimpleNamespace
+
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from grpo.rollouts.self_drafter import install
+
+    install()
+    probs = torch.rand(2, 3, 5)
+    runner = SimpleNamespace(_draft_probs=probs, _draft_prob_req_ids=["a", "b"],
+                             input_batch=SimpleNamespace(req_ids=["a", "b"]))
+    both = SimpleNamespace(num_draft_tokens=[3, 2])
+    assert GPUModelRunner._get_spec_decode_draft_probs(runner, both).tolist() == \
+        torch.cat([probs[0], probs[1, :2]]).tolist()
+    runner.input_batch.req_ids = ["a", "c"]  # c drafted, its probabilities lost
+    with pytest.raises(RuntimeError, match="deterministic rejection"):
+        GPUModelRunner._get_spec_decode_draft_probs(runner, both)
