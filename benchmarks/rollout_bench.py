@@ -1,20 +1,23 @@
-"""Rollouts from the colocated vLLM engine, plain against self-drafted (`vllm_self_speculation`), in one run.
+"""Rollouts from the colocated vLLM engine, plain against self-drafted (`vllm_self_speculation`), and the package's
+own self-speculative decoder on the same prompts.
 
 The demo's rollouts (a GRPO recipe, default configs/tiny_cpu.yaml; configs/tiny_vlm_cpu.yaml for the tiny GLM-OCR,
-whose crops go to the engine as chat messages with their image): its checkpoint and pool (or `--model`, `--pool`),
-`max_completion_length`, `temperature`, seed, and batches of `per_device_train_batch_size` completions
-(`num_generations` per prompt; or `--prompts-per-batch`), over the first `--steps` batches of pool prompts, in
-`--dtype` (default float32, HF float32's tokens). Each engine runs in its own
-process (one vLLM engine per process), one after the other, over the same requests:
-- greedy (temperature 0): the outputs of both engines are compared token for token;
-- sampled (the recipe's temperature, seeded per request): generation wall time (after one warm-up batch),
-  output tokens, and the counts of `grpo.rollouts.engine_selfspec.rollout_metrics` (tokens per forward of the
-  policy's weights with the drafting counted, tokens per target forward, accepted per draft);
-- the KV cache the engine allocated, in tokens (a drafting engine's draft copy has its own).
-Printed at the end: the wall-time ratio plain / self-drafted and whether the greedy outputs are equal, or why the
-self-drafted engine cannot start on the checkpoint.
+whose prompts go to the engine as the chat-template text with their image): the recipe's checkpoint and pool
+(or `--model`, `--pool`), `max_completion_length`, `temperature`, seed and `vllm_max_model_length`, in `--dtype`
+(default float32, HF float32's tokens). Each engine runs in its own process (one vLLM engine per process), one
+after the other:
+- greedy (temperature 0) over the first `--greedy-prompts` pool prompts: outputs compared token for token between
+  the engines and with `grpo.decoding.selfspec.SelfSpecDecoder` (greedy, same caps and block size);
+- sampled (the recipe's temperature, one seed per request) at each `--batch-sizes` N: batches of N pool prompts
+  (cycling through the pool) after one warm-up batch, until the engine has run `--seconds` on that size; wall
+  time, tokens, and the counts of `grpo.rollouts.engine_selfspec.rollout_metrics`.
 
-    python benchmarks/rollout_bench.py --config configs/tiny_cpu.yaml --steps 4
+Accepted per round, one definition for both drafters: the tokens a verify round commits beyond the one the target
+adds (its bonus token; a round that ends an output counts its last token as that), i.e. (output tokens - prefill
+tokens - rounds) / rounds, the engine's rounds being vLLM's `num_drafts`. vLLM's own figure, counted before the cut
+at a stop token or `max_tokens`, is written beside it.
+
+    python benchmarks/rollout_bench.py --config configs/tiny_cpu.yaml --json runs/rollout_bench.json
 """
 from __future__ import annotations
 
@@ -23,99 +26,167 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 
-def run_engine(args: argparse.Namespace, drafted: bool) -> dict:
-    """One engine's figures, or {"cannot": why} when it does not start (this runs in a child process)."""
+def _setup(args: argparse.Namespace):
     import torch
-    from vllm import SamplingParams
 
     from grpo.checkpoint import is_vlm_checkpoint, resolve_model
     from grpo.pool import load_pool
-    from grpo.prompting import user_turn
-    from grpo.rollouts.engine import make_llm
-    from grpo.rollouts.engine_selfspec import rollout_metrics, spec_counters
     from grpo.training.config import load_config
 
     cfg = load_config(args.config)
-    if cfg.cpu_threads:
-        torch.set_num_threads(cfg.cpu_threads)
-    per_batch = args.prompts_per_batch or cfg.per_device_train_batch_size // cfg.num_generations
+    torch.set_num_threads(cfg.cpu_threads or 1)
     model = resolve_model(args.model or cfg.model)
-    vlm = is_vlm_checkpoint(model)
-    pool = load_pool(args.pool or cfg.pool)
-    rows = list(pool.select(range(min(len(pool), per_batch * (args.steps + 1)))))
-    try:
-        llm = make_llm(model, seed=cfg.seed, max_model_len=cfg.vllm_max_model_length, dtype=args.dtype,
-                       self_speculation=drafted, draft_len=args.draft_length, log_stats=True)
-    except Exception as err:  # noqa: BLE001 - the bench reports why the engine does not start
-        return {"cannot": f"{type(err).__name__}: {err}"}
+    return cfg, model, is_vlm_checkpoint(model), list(load_pool(args.pool or cfg.pool))
 
-    def generate(batch: list[dict], params) -> list:
-        if vlm:
-            return llm.chat([user_turn(r["prompt"], r["image"], image_part="image_pil") for r in batch], params,
-                            use_tqdm=False)
-        return llm.generate([r["prompt"] for r in batch], params, use_tqdm=False)
 
-    greedy = generate(rows[per_batch:], SamplingParams(temperature=0.0, max_tokens=cfg.max_completion_length))
+def run_engine(args: argparse.Namespace, drafted: bool) -> dict:
+    """One engine's figures (this runs in a child process)."""
+    from vllm import SamplingParams
 
-    def sampled(batch: int) -> list:
-        group = rows[batch * per_batch:(batch + 1) * per_batch]
-        params = [SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_completion_length,
-                                 seed=cfg.seed * 1_000_003 + batch * 1000 + i)
-                  for i in range(len(group)) for _ in range(cfg.num_generations)]
-        return generate([r for r in group for _ in range(cfg.num_generations)], params)
+    from grpo.prompting import user_turn
+    from grpo.rollouts.engine import make_llm
+    from grpo.rollouts.engine_selfspec import rollout_metrics, spec_counters
 
-    sampled(0)  # warm-up batch, not timed
-    before, start, tokens = spec_counters(llm), time.perf_counter(), 0
-    for batch in range(1, args.steps + 1):
-        tokens += sum(len(o.outputs[0].token_ids) for o in sampled(batch))
-    seconds = time.perf_counter() - start
-    cache = llm.llm_engine.vllm_config.cache_config
-    return {"greedy": [list(o.outputs[0].token_ids) for o in greedy], "seconds": seconds, "tokens": tokens,
-            "kv_cache_tokens": cache.num_gpu_blocks * cache.block_size,
-            **rollout_metrics(before, spec_counters(llm), drafted)}
+    cfg, model, vlm, rows = _setup(args)
+    llm = make_llm(model, seed=cfg.seed, max_model_len=cfg.vllm_max_model_length, dtype=args.dtype,
+                   self_speculation=drafted, log_stats=True)
+    tokenizer = llm.get_tokenizer()
+
+    def request(row: dict):
+        if not vlm:
+            return row["prompt"]
+        text = tokenizer.apply_chat_template(user_turn(row["prompt"], row["image"]), add_generation_prompt=True,
+                                             tokenize=False)
+        return {"prompt": text, "multi_modal_data": {"image": row["image"]}}
+
+    greedy_rows = rows[:args.greedy_prompts]
+    before = spec_counters(llm)
+    greedy = llm.generate([request(r) for r in greedy_rows],
+                          SamplingParams(temperature=0.0, max_tokens=cfg.max_completion_length), use_tqdm=False)
+    out = {"greedy": [list(o.outputs[0].token_ids) for o in greedy],
+           "prompt_ids": [list(o.prompt_token_ids) for o in greedy],
+           "greedy_counts": rollout_metrics(before, spec_counters(llm), drafted),
+           "greedy_rounds": spec_counters(llm)["vllm:spec_decode_num_drafts"] - before["vllm:spec_decode_num_drafts"],
+           "sampled": {}}
+    cursor = 0
+    for size in args.batch_sizes:
+        def batch(seed: int) -> int:
+            nonlocal cursor
+            group = [rows[(cursor + i) % len(rows)] for i in range(size)]
+            cursor += size
+            params = [SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_completion_length,
+                                     seed=cfg.seed * 1_000_003 + seed * 1000 + i) for i in range(size)]
+            outs = llm.generate([request(r) for r in group], params, use_tqdm=False)
+            return sum(len(o.outputs[0].token_ids) for o in outs)
+
+        batch(0)  # warm-up, not timed
+        before, start, tokens, batches = spec_counters(llm), time.perf_counter(), 0, 0
+        while time.perf_counter() - start < args.seconds:
+            batches += 1
+            tokens += batch(batches)
+        seconds = time.perf_counter() - start
+        out["sampled"][str(size)] = {"seconds": seconds, "batches": batches, "tokens": tokens,
+                                     **rollout_metrics(before, spec_counters(llm), drafted)}
+    return out
+
+
+def run_decoder(args: argparse.Namespace) -> dict:
+    """`SelfSpecDecoder`'s greedy outputs and rounds on the greedy prompts (this runs in a child process)."""
+    from grpo.checkpoint import load_checkpoint
+    from grpo.decoding.kv_session import stop_token_ids
+    from grpo.decoding.selfspec import SelfSpecDecoder
+    from grpo.prompting import encode_prompt
+
+    import torch
+
+    cfg, model, vlm, rows = _setup(args)
+    ckpt = load_checkpoint(model, dtype=getattr(torch, args.dtype))
+    if torch.cuda.is_available():
+        ckpt.model.to("cuda")
+    tokenizer = getattr(ckpt.processor, "tokenizer", ckpt.processor)
+    decoder = SelfSpecDecoder(ckpt.model, ckpt.bd.mask_id, ckpt.bd.bd_size, stop_token_ids(ckpt.model, tokenizer),
+                              cfg.max_completion_length)
+    start, tokens, rounds, prompt_ids = time.perf_counter(), [], 0, []
+    for row in rows[:args.greedy_prompts]:
+        inputs = encode_prompt(ckpt.processor, row, is_vlm=vlm)
+        result = decoder.generate(inputs)
+        tokens.append(result.tokens)
+        prompt_ids.append(inputs["input_ids"][0].tolist())
+        rounds += result.rounds
+    return {"greedy": tokens, "prompt_ids": prompt_ids, "rounds": rounds, "seconds": time.perf_counter() - start}
+
+
+def accepted_per_round(outputs: list[list[int]], rounds: float) -> float:
+    """Tokens a round commits beyond the target's one (module docstring): (tokens - prefills - rounds) / rounds."""
+    return (sum(map(len, outputs)) - len(outputs) - rounds) / rounds
+
+
+def summary(plain: dict, drafted: dict, hf: dict) -> dict:
+    """The figures the bench writes (module docstring)."""
+    n = len(plain["greedy"])
+    engine_apr = accepted_per_round(drafted["greedy"], drafted["greedy_rounds"])
+    hf_apr = accepted_per_round(hf["greedy"], hf["rounds"])
+    out = {"greedy_prompts": n,
+           "greedy_equal": sum(a == b for a, b in zip(plain["greedy"], drafted["greedy"])) / n,
+           "greedy_equal_hf_decoder": sum(a == b for a, b in zip(hf["greedy"], drafted["greedy"])) / n,
+           "prompt_ids_equal": plain["prompt_ids"] == drafted["prompt_ids"] == hf["prompt_ids"],
+           "engine_accepted_per_round": engine_apr, "hf_accepted_per_round": hf_apr,
+           "accepted_ratio_engine_hf": engine_apr / hf_apr,
+           "engine_accepted_per_round_vllm": drafted["greedy_counts"]["rollout/accepted_per_round"],
+           "engine_accepted_at": {k.rsplit("_", 1)[1]: v for k, v in drafted["greedy_counts"].items()
+                                  if k.startswith("rollout/accepted_at_")},
+           "greedy_tokens_per_forward": drafted["greedy_counts"]["rollout/tokens_per_forward"],
+           "hf_decoder_greedy_seconds": hf["seconds"], "batch_sizes": {}}
+    for size, d in drafted["sampled"].items():
+        p = plain["sampled"][size]
+        out["batch_sizes"][size] = {
+            "tokens_per_forward": d["rollout/tokens_per_forward"],
+            "tokens_per_target_forward": d["rollout/tokens_per_target_forward"],
+            "accepted_per_round_vllm": d.get("rollout/accepted_per_round"),
+            "plain_seconds": p["seconds"], "plain_tokens": p["tokens"], "plain_batches": p["batches"],
+            "drafted_seconds": d["seconds"], "drafted_tokens": d["tokens"], "drafted_batches": d["batches"],
+            "plain_tokens_per_s": p["tokens"] / p["seconds"], "drafted_tokens_per_s": d["tokens"] / d["seconds"],
+            "ratio_plain_over_drafted_time_per_token": (p["seconds"] / p["tokens"]) / (d["seconds"] / d["tokens"]),
+        }
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/tiny_cpu.yaml", help="GRPO recipe whose rollouts to time")
-    parser.add_argument("--steps", type=int, default=4, help="timed batches (one warm-up batch before them)")
-    parser.add_argument("--draft-length", type=int, default=None, help="tokens drafted per round (default B + 1)")
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32], help="sampled batch sizes")
+    parser.add_argument("--seconds", type=float, default=30.0, help="least time each engine runs per batch size")
+    parser.add_argument("--greedy-prompts", type=int, default=32, help="prompts decoded greedily")
+    parser.add_argument("--dtype", default="float32", help="the engines' dtype (float32: equal to HF float32)")
     parser.add_argument("--model", help="checkpoint instead of the recipe's")
     parser.add_argument("--pool", help="prompt pool instead of the recipe's")
-    parser.add_argument("--dtype", default="float32", help="the engines' dtype (float32: equal to HF float32)")
-    parser.add_argument("--prompts-per-batch", type=int, default=None,
-                        help="prompts per batch (default per_device_train_batch_size / num_generations)")
-    parser.add_argument("--engine", choices=("plain", "drafted"), help=argparse.SUPPRESS)  # the child's side
+    parser.add_argument("--part", choices=("plain", "drafted", "decoder"), help=argparse.SUPPRESS)  # a child
     args = parser.parse_args()
-    if args.engine:
-        print(json.dumps(run_engine(args, args.engine == "drafted")))
+    if args.part:
+        result = run_decoder(args) if args.part == "decoder" else run_engine(args, args.part == "drafted")
+        print(json.dumps(result))
         return
     results = {}
-    for engine in ("plain", "drafted"):
-        cmd = [sys.executable, __file__, "--config", args.config, "--steps", str(args.steps), "--engine", engine,
-               "--dtype", args.dtype]
-        for flag, value in (("--draft-length", args.draft_length), ("--model", args.model), ("--pool", args.pool),
-                            ("--prompts-per-batch", args.prompts_per_batch)):
+    for part in ("plain", "drafted", "decoder"):
+        cmd = [sys.executable, __file__, "--config", args.config, "--part", part, "--dtype", args.dtype,
+               "--seconds", str(args.seconds), "--greedy-prompts", str(args.greedy_prompts),
+               "--batch-sizes", *map(str, args.batch_sizes)]
+        for flag, value in (("--model", args.model), ("--pool", args.pool)):
             if value:
-                cmd += [flag, str(value)]
+                cmd += [flag, value]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-        results[engine] = json.loads(out.strip().splitlines()[-1])
-    for name, r in results.items():
-        if "cannot" in r:
-            print(f"{name:8s} cannot start on {args.config}: {r['cannot']}")
-            continue
-        print(f"{name:8s} sampled: {r['seconds']:.2f} s, {r['tokens']} tokens, "
-              f"{r['tokens'] / r['seconds']:.0f} tokens/s, tokens per forward {r['rollout/tokens_per_forward']:.2f} "
-              f"(per target forward {r['rollout/tokens_per_target_forward']:.2f}), accepted per draft "
-              f"{r.get('rollout/accepted_per_draft', 0.0):.2f}, KV cache {r['kv_cache_tokens']} tokens")
-    plain, drafted = results["plain"], results["drafted"]
-    if "cannot" in plain or "cannot" in drafted:
-        return
-    same = sum(a == b for a, b in zip(plain["greedy"], drafted["greedy"]))
-    print(f"greedy outputs equal: {same}/{len(plain['greedy'])}")
-    print(f"generation wall-time ratio plain / self-drafted: {plain['seconds'] / drafted['seconds']:.2f}x")
+        results[part] = json.loads(out.strip().splitlines()[-1])
+    figures = {"config": args.config, "dtype": args.dtype, **summary(results["plain"], results["drafted"],
+                                                                     results["decoder"])}
+    text = json.dumps(figures, indent=1)
+    print(text)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ def test_sampled_tokens_carry_the_policys_logprobs(drafted_engine, policy):
     before = spec_counters(drafted_engine)
     outs = drafted_engine.generate(prompts, SamplingParams(temperature=1.0, n=4, seed=0, max_tokens=MAX_NEW,
                                                            logprobs=0), use_tqdm=False)
-    assert rollout_metrics(before, spec_counters(drafted_engine), drafted=True)["rollout/accepted_per_draft"] >= 2.0
+    assert rollout_metrics(before, spec_counters(drafted_engine), drafted=True)["rollout/accepted_per_round"] >= 2.0
     for got, expected in sampled_logprobs(model, outs):
         torch.testing.assert_close(got, expected, atol=1e-3, rtol=0)
 
@@ -109,5 +109,5 @@ def test_glm_ocr_drafts_its_own_grpo_rollouts(tmp_path):
     for entry in steps:
         assert entry["sampling/sampling_logp_difference/max"] <= 0.05, entry
         assert entry["rollout/tokens_per_forward"] == pytest.approx(entry["rollout/tokens_per_target_forward"] / 2)
-        assert entry["rollout/accepted_per_draft"] >= 1.0, entry  # x0's proposal is the target's: always accepted
+        assert entry["rollout/accepted_per_round"] >= 1.0, entry  # x0's proposal is the target's: always accepted
         assert entry["rollout/tokens_per_forward"] >= 2.0, entry

@@ -62,4 +62,4 @@ def test_self_drafted_rollouts_keep_the_policys_distribution(tmp_path):
         assert entry["sampling/sampling_logp_difference/max"] <= 0.05, entry
         assert entry["rollout/tokens_per_target_forward"] >= 3.0, entry
         assert entry["rollout/tokens_per_forward"] == pytest.approx(entry["rollout/tokens_per_target_forward"] / 2)
-        assert entry["rollout/accepted_per_draft"] > 0, entry
+        assert entry["rollout/accepted_per_round"] > 0, entry

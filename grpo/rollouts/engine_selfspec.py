@@ -2,38 +2,39 @@
 
 vLLM's parallel-draft path (`method: draft_model`, `parallel_drafting: true`) is given the policy's own checkpoint
 as its draft model, and `grpo.rollouts.self_drafter` makes the draft the target model itself (one copy of the
-weights and of the KV cache; GLM-OCR's M-RoPE positions and image features included). One draft forward over
-`[accepted tokens, x0, M x (K-1)]` proposes K tokens: x0's logits give the AR prediction a0 and mask j's logits
-the block-diffusion draft d_j (docs/spec.md §5), so K = B + 1 with B the checkpoint's block size. The masks
-attend causally there (vLLM's draft attention), not bidirectionally as in training. vLLM's rejection sampler
-verifies the draft with the target's own logits, so the output distribution is the policy's: greedy outputs
-equal plain vLLM's, and sampled drafts (`draft_sample_method: probabilistic`) are accepted with probability
-min(1, p/q).
-
-Costs: each round re-runs the tokens just accepted through the draft forward, so a request costs a draft and a
-verify forward per round (`rollout/tokens_per_forward` counts both).
+weights and of the KV cache; GLM-OCR's M-RoPE positions included). One draft forward over the window
+`[x0, M x (K-1)]` on the request's next K slots proposes K tokens: x0's logits give the AR prediction a0 and mask
+j's logits the block-diffusion draft d_j (docs/spec.md §5), so K = B + 1 with B the checkpoint's block size. x0
+attends causally and the masks bidirectionally among themselves and to the prefix, as in training. vLLM's
+rejection sampler verifies the draft with the target's own logits, so the output distribution is the policy's:
+greedy outputs equal plain vLLM's, and sampled drafts (`draft_sample_method: probabilistic`) are accepted with
+probability min(1, p/q).
 
 Example:
     >>> llm = start_self_drafted(LLM, model="data/tiny/model", dtype="float32")      # doctest: +SKIP
     >>> before = spec_counters(llm); llm.generate(...)                                     # doctest: +SKIP
     >>> rollout_metrics(before, spec_counters(llm), drafted=True)                          # doctest: +SKIP
-    {'rollout/tokens_per_forward': 2.88, 'rollout/tokens_per_target_forward': 5.75, ...}
+    {'rollout/tokens_per_forward': 3.1, 'rollout/accepted_per_round': 10.4, ...}
 """
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 from typing import Any
 
-# vLLM's counters this module reads (`LLM.get_metrics()`, with `disable_log_stats=False`). A request's first
-# token comes from its prefill (one time-to-first-token sample), every later target forward of it adds one
-# inter-token-latency sample, however many tokens that forward commits.
+# vLLM's own counters this module reads (`LLM.get_metrics()`, with `disable_log_stats=False`): generated tokens,
+# finished requests (one prefill each), and the spec-decode counters: verify rounds (`num_drafts`, one per request
+# and step that verified a draft), accepted draft tokens (the bonus token excluded), and accepted tokens per draft
+# position.
 GENERATED = "vllm:generation_tokens"
-PREFILLS = "vllm:time_to_first_token_seconds"
-DECODES = "vllm:inter_token_latency_seconds"
+REQUESTS = "vllm:request_success"
 DRAFTS = "vllm:spec_decode_num_drafts"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
-COUNTERS = (GENERATED, PREFILLS, DECODES, DRAFTS, ACCEPTED)
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+COUNTERS = (GENERATED, REQUESTS, DRAFTS, ACCEPTED)
+V2_RUNNER = "VLLM_USE_V2_MODEL_RUNNER"
+WORKER_EXTENSION = "grpo.rollouts.self_drafter.SelfDraftWorker"  # answers `check_engine` in every worker
 
 
 def draft_length(bd_size: int, override: int | None = None) -> int:
@@ -71,7 +72,17 @@ def speculative_kwargs(model_dir: str | Path, draft_len: int | None = None) -> d
                                "draft_sample_method": "probabilistic"},
         "hf_overrides": functools.partial(_with_mask_token, bd.mask_id),
         "disable_log_stats": False,
+        "worker_extension_cls": WORKER_EXTENSION,
+        **window_backend_kwargs(),
     }
+
+
+def window_backend_kwargs() -> dict[str, Any]:
+    """The attention backend the window needs: vLLM's CPU backend on CPU (the only one there), Triton attention
+    on CUDA (`grpo.rollouts.self_drafter.WINDOW_BACKENDS`); `check_engine` refuses any other after the start."""
+    from vllm.platforms import current_platform
+
+    return {} if current_platform.is_cpu() else {"attention_backend": "TRITON_ATTN"}
 
 
 def _expand(output, input, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):  # noqa: A002, N803
@@ -84,30 +95,43 @@ def _expand(output, input, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKE
 
 
 def start_self_drafted(llm_class: Any, draft_len: int | None = None, **kwargs: Any) -> Any:
-    """`llm_class(**kwargs)` (a `vllm.LLM` or a partial of it) drafting with its own `model`, exact on CPU too.
+    """`llm_class(**kwargs)` (a `vllm.LLM` or a partial of it) drafting with its own `model`, exact on CPU too,
+    checked once it has started (`self_drafter.check_engine`: RuntimeError if it does not draft that way).
 
     A caller's `max_num_batched_tokens` is raised where it would cap `max_num_seqs` (`batched_tokens`).
     """
     spec = speculative_kwargs(kwargs["model"], draft_len)
+    if kwargs.get("worker_extension_cls") not in (None, WORKER_EXTENSION):
+        raise ValueError(f"a self-drafted engine takes the worker extension {WORKER_EXTENSION}, not "
+                         f"{kwargs['worker_extension_cls']}")
     kwargs = {**kwargs, **spec}
     if kwargs.get("max_num_batched_tokens") and kwargs.get("max_num_seqs"):
         kwargs["max_num_batched_tokens"] = batched_tokens(kwargs["max_num_batched_tokens"], kwargs["max_num_seqs"],
                                                           spec["speculative_config"]["num_speculative_tokens"])
-    from grpo.rollouts.self_drafter import install
+    from grpo.rollouts.self_drafter import check_engine, install
 
-    repair_cpu_expand()
-    install()
-    return llm_class(**kwargs)
+    install()  # the plugin entry point does it in every vLLM process; here for a process that loaded it already
+    pinned = os.environ.get(V2_RUNNER)
+    os.environ[V2_RUNNER] = "0"  # the V1 runner, where the proposer is installed (the V2 one builds its own)
+    try:
+        llm = llm_class(**kwargs)
+    finally:
+        if pinned is None:
+            os.environ.pop(V2_RUNNER)
+        else:
+            os.environ[V2_RUNNER] = pinned
+    check_engine(llm)
+    return llm
 
 
 def batched_tokens(given: int, max_num_seqs: int, draft_len: int) -> int:
-    """A `max_num_batched_tokens` at least `given` under which `max_num_seqs` requests all draft in one step.
+    """A `max_num_batched_tokens` at least `given` under which `max_num_seqs` requests all verify in one step.
 
-    vLLM's draft forward takes at most `max_num_batched_tokens` tokens (`llm_base_proposer.py`, `max_num_tokens`)
-    and a parallel draft re-runs up to K + 1 accepted tokens with K - 1 masks beside them; the verify forward
-    takes K + 1. So each request needs up to 2K + 1 slots: TRL's fixed 4096 caps a step at 117 requests at K = 17.
+    The verify forward takes K + 1 tokens a request and the draft forward K (`llm_base_proposer.py`,
+    `max_num_tokens` sizes its buffers by `max_num_batched_tokens`): TRL's fixed 4096 caps a step at 227 requests
+    at K = 17.
     """
-    return max(given, max_num_seqs * (2 * draft_len + 1))
+    return max(given, max_num_seqs * (draft_len + 1))
 
 
 def repair_cpu_expand() -> None:
@@ -133,32 +157,41 @@ def repair_cpu_expand() -> None:
 
 
 def spec_counters(llm: Any) -> dict[str, float]:
-    """vLLM's running totals: generated tokens, target forwards (prefills, decodes), drafts, accepted drafts."""
+    """vLLM's running totals: generated tokens, finished requests, verify rounds, accepted draft tokens, and
+    accepted tokens at each draft position (`PER_POS` + `[i]`)."""
     totals = dict.fromkeys(COUNTERS, 0.0)
     for metric in llm.get_metrics():
-        if metric.name in totals:  # a histogram counts its observations; a counter may come once per label set
-            totals[metric.name] += float(metric.count if hasattr(metric, "count") else metric.value)
+        if metric.name == PER_POS:
+            for i, value in enumerate(metric.values):
+                key = f"{PER_POS}[{i}]"
+                totals[key] = totals.get(key, 0.0) + float(value)
+        elif metric.name in totals:  # a counter may come once per label set (finish reason, engine)
+            totals[metric.name] += float(metric.value)
     return totals
 
 
 def rollout_metrics(before: dict[str, float], after: dict[str, float], drafted: bool) -> dict[str, float]:
     """What the engine generated between two `spec_counters` snapshots, as per-step metrics.
 
+    Target forwards of a request: its prefill and one per verify round (`num_drafts`), or, for a plain engine,
+    one per generated token.
     `rollout/tokens_per_forward`: generated tokens over every forward of the policy's weights, drafting included,
-    as docs/spec.md §5 counts TPF (plain decoding gives exactly 1.0). A `drafted` engine runs its drafter once
+    as docs/spec.md §5 counts TPF (plain decoding gives exactly 1.0). A `drafted` engine runs one draft forward
     after each target forward of a request, its last one included (`gpu_model_runner.py::sample_tokens` drafts
     for the whole batch before finished requests leave), so it counts two forwards per target forward.
-    `rollout/tokens_per_target_forward`: the engine's own figure, over the target's forwards only (each request's
-    prefill and each of its decode or verify forwards).
-    `rollout/accepted_per_draft` (only with drafts): draft tokens the rejection sampler accepted per draft, as vLLM
-    counts them, i.e. before the cut at a stop token or `max_tokens`.
+    `rollout/tokens_per_target_forward`: over the target's forwards only.
+    `rollout/accepted_per_round` (only with drafts): draft tokens the rejection sampler accepted per verify round,
+    the bonus token excluded, as vLLM counts them (before the cut at a stop token or `max_tokens`);
+    `rollout/accepted_at_{i}`: the share of rounds whose draft token i was accepted.
     """
-    delta = {k: after[k] - before[k] for k in COUNTERS}
-    forwards = delta[PREFILLS] + delta[DECODES]
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    forwards = delta[REQUESTS] + delta[DRAFTS] if drafted else delta[GENERATED]
     if forwards <= 0:
         return {}
     out = {"rollout/tokens_per_forward": delta[GENERATED] / (forwards * (2 if drafted else 1)),
            "rollout/tokens_per_target_forward": delta[GENERATED] / forwards}
     if delta[DRAFTS] > 0:
-        out["rollout/accepted_per_draft"] = delta[ACCEPTED] / delta[DRAFTS]
+        out["rollout/accepted_per_round"] = delta[ACCEPTED] / delta[DRAFTS]
+        for key in sorted((k for k in delta if k.startswith(PER_POS)), key=lambda k: int(k[len(PER_POS) + 1:-1])):
+            out[f"rollout/accepted_at_{key[len(PER_POS) + 1:-1]}"] = delta[key] / delta[DRAFTS]
     return out
