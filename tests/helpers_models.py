@@ -32,10 +32,11 @@ GLM_SPECIAL_TOKENS = (
     "<|code_middle|>", "<|code_suffix|>", "<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
     "</tool_response>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "/nothink", "<|begin_of_box|>",
     "<|end_of_box|>", "<|image|>", "<|video|>")
-# Of those, the ones GLM-OCR's tokenizer does not mark special (`skip_special_tokens` keeps them in decoded text).
+# Of those, the ones GLM-OCR's tokenizer does not mark special (`skip_special_tokens` keeps them in decoded text;
+# its tokenizer_config.json `added_tokens_decoder`, `"special": false`).
 GLM_PLAIN_TOKENS = frozenset({"<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
                               "</tool_response>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
-                              "<|image|>"})
+                              "<|image|>", "<|video|>", "<|begin_of_video|>", "<|begin_of_box|>", "<|end_of_box|>"})
 # GLM-OCR's chat template (GLM-4.6V family): `[gMASK]<sop>`, `<|user|>` then the image as
 # `<|begin_of_image|><|image|><|end_of_image|>` and the task prompt, then `<|assistant|>` and a newline.
 GLM_CHAT_TEMPLATE = (Path(__file__).parent / "glm_ocr_chat_template.jinja").read_text()

@@ -147,8 +147,9 @@ def test_prompt_ids_and_mm_token_type_ids_agree_or_are_refused(tmp_path, templat
 
 def test_committed_tiny_vlm_speaks_glm_ocrs_template(tmp_path):
     """data/tiny/vlm/model: GLM-OCR's chat template (the generation prompt ends `<|assistant|>` and a newline) and
-    added tokens, one token each, special where GLM-OCR's tokenizer marks them (`<think>`, `<|image|>` and the tool
-    tags are not); TRL's two tokenizations agree on it; a tokenizer that also adds `[gMASK]<sop>` on plain text is
+    added tokens, one token each, special where GLM-OCR's tokenizer marks them (`<think>`, `<|image|>`, `<|video|>`,
+    `<|begin_of_video|>`, the box and the tool tags are not); `enable_thinking=False` adds `/nothink` to the user
+    turn and an empty think block to the generation prompt; TRL's two tokenizations agree on it; a tokenizer that also adds `[gMASK]<sop>` on plain text is
     refused with the fix."""
     from tokenizers import processors
 
@@ -164,13 +165,18 @@ def test_committed_tiny_vlm_speaks_glm_ocrs_template(tmp_path):
     special = {t.content: t.special for t in tok.added_tokens_decoder.values()}
     assert {t for t in GLM_SPECIAL_TOKENS if not special[t]} == GLM_PLAIN_TOKENS == {
         "<think>", "</think>", "<|image|>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
-        "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"}
+        "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "<|video|>", "<|begin_of_video|>",
+        "<|begin_of_box|>", "<|end_of_box|>"}
     think = tok("<think>\n</think>\nHi", add_special_tokens=False)["input_ids"]
     assert tok.decode(think + [tok.eos_token_id], skip_special_tokens=True) == "<think>\n</think>\nHi"
     image = random_image(torch.Generator().manual_seed(0), 16, 16)
     text = processor.apply_chat_template([user_turn("Text Recognition:", image)], add_generation_prompt=True,
                                          tokenize=False)
     assert text == ["[gMASK]<sop><|user|>\n<|begin_of_image|><|image|><|end_of_image|>Text Recognition:<|assistant|>\n"]
+    quiet = processor.apply_chat_template([user_turn("Text Recognition:", image)], add_generation_prompt=True,
+                                          tokenize=False, enable_thinking=False)
+    assert quiet == [text[0].replace("Recognition:<|assistant|>\n",
+                                     "Recognition:/nothink<|assistant|>\n<think></think>\n")]
     ids = processor.apply_chat_template([user_turn("Text Recognition:", image)], add_generation_prompt=True,
                                         tokenize=True)[0]
     assert tok.convert_ids_to_tokens(ids[-2:]) == ["<|assistant|>", "\n"]

@@ -45,6 +45,8 @@ class JointConfig:
     ar_steps: int = field(default=0, metadata={"help": "AR-only warm-up steps before the joint stage"})
     joint_steps: int = field(default=1000, metadata={"help": "joint AR + diffusion steps"})
     batch_size: int = field(default=16, metadata={"help": "examples per step"})
+    length_buckets: int = field(default=0, metadata={
+        "help": "draw each batch from N x batch_size rows of similar length (less padding; 0: from all rows)"})
     learning_rate: float = field(default=1e-3, metadata={
         "help": "peak AdamW learning rate (each stage: warm-up, cosine)"})
     min_lr_ratio: float = field(default=0.1, metadata={"help": "final learning rate / peak"})
@@ -73,6 +75,8 @@ class JointConfig:
             raise ConfigError(f"targets must be 'pool' or 'greedy', got {self.targets!r}")
         if self.pool_rows < 0:
             raise ConfigError(f"pool_rows must be >= 0, got {self.pool_rows}")
+        if self.length_buckets < 0:
+            raise ConfigError(f"length_buckets must be >= 0, got {self.length_buckets}")
         for name in ("bd_size", "batch_size", "cpu_threads"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -198,6 +202,16 @@ def _example(prompt_ids, target_ids, image_row, cfg: JointConfig, mask_id: int, 
     return example if image_row is None else {**example, **image_row.images}
 
 
+def _batch(pairs: list, cfg: JointConfig, rng: random.Random) -> list:
+    """`cfg.batch_size` random pairs; with `length_buckets` (pairs sorted by length) from one random window of
+    that many batches' worth of neighbours."""
+    if not cfg.length_buckets:
+        return [rng.choice(pairs) for _ in range(cfg.batch_size)]
+    width = min(len(pairs), cfg.length_buckets * cfg.batch_size)
+    start = rng.randrange(len(pairs) - width + 1)
+    return [rng.choice(pairs[start:start + width]) for _ in range(cfg.batch_size)]
+
+
 def save(model, tokenizer, out_dir: str | Path, cfg: JointConfig) -> Path:
     from grpo.checkpoint import save_joint_checkpoint
 
@@ -229,6 +243,8 @@ def train_joint(cfg: JointConfig, progress: bool = True) -> Path:
                  encode_image_rows(rows, model, processor, cfg.max_target_tokens, targets, cfg.pool)]
     else:
         pairs = [(*pair, None) for pair in tokenize_rows(rows, tokenizer, cfg.max_target_tokens, targets)]
+    if cfg.length_buckets:
+        pairs.sort(key=lambda pair: len(pair[0]) + len(pair[1]))
     n_params = sum(p.numel() for p in model.parameters())
     logger.info("joint training: %d params, %d rows, B=%d, mask id %d", n_params, len(pairs), cfg.bd_size, mask_id)
     rng = random.Random(cfg.seed)
@@ -245,8 +261,8 @@ def train_joint(cfg: JointConfig, progress: bool = True) -> Path:
         for step in bar:
             for group in opt.param_groups:
                 group["lr"] = cfg.learning_rate * _lr_factor(step, steps, cfg.warmup_steps, cfg.min_lr_ratio)
-            examples = [_example(*rng.choice(pairs), cfg, mask_id, tokenizer.eos_token_id, gen, stage == "ar")
-                        for _ in range(cfg.batch_size)]
+            examples = [_example(*pair, cfg, mask_id, tokenizer.eos_token_id, gen, stage == "ar")
+                        for pair in _batch(pairs, cfg, rng)]
             l_ar, l_diff = joint_losses(model, collate(examples, tokenizer.pad_token_id))
             loss = combine(l_ar, l_diff, cfg.ar_loss_weight)
             opt.zero_grad(set_to_none=True)

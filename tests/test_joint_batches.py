@@ -1,0 +1,34 @@
+"""`length_buckets` of `gravity-grpo joint`: each batch comes from one window of rows of similar length."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from grpo.joint.train import JointConfig, _batch
+from grpo.yaml_config import ConfigError
+
+
+def test_a_bucketed_batch_comes_from_one_window_of_neighbours():
+    pairs = [([0] * n, [1] * n, None) for n in range(100)]  # sorted by length, as train_joint sorts them
+    cfg = JointConfig(batch_size=4, length_buckets=2)
+    rng = random.Random(0)
+    for _ in range(50):
+        lengths = [len(p[0]) for p in _batch(pairs, cfg, rng)]
+        assert len(lengths) == 4 and max(lengths) - min(lengths) < 8, lengths
+    unbucketed = [len(p[0]) for _ in range(50) for p in _batch(pairs, JointConfig(batch_size=4), rng)]
+    assert max(unbucketed) - min(unbucketed) > 50
+
+
+def test_the_default_draws_as_before():
+    """Without buckets the draws are `rng.choice` per example, so recipes without the key rebuild the same."""
+    pairs = list(range(10))
+    ref = random.Random(3)
+    expected = [ref.choice(pairs) for _ in range(5)]
+    rng = random.Random(3)
+    assert _batch(pairs, JointConfig(batch_size=5), rng) == expected
+
+
+def test_negative_buckets_are_refused():
+    with pytest.raises(ConfigError, match="length_buckets must be >= 0"):
+        JointConfig(length_buckets=-1)
