@@ -25,6 +25,7 @@ import errno
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -34,9 +35,24 @@ MARKER = ".gravity-grpo.json"  # in each output folder a command made: {"written
 MAX_OWN_BYTES = 64 << 20  # a file of our own is small (stats, reports); a larger one is not parsed, hence not ours
 
 
-def temporary(path: Path, kind: str = "tmp") -> Path:
-    """The sibling name `path` is written under before it is renamed into place (one per process)."""
-    return path.with_name(f".{path.name}.{kind}{os.getpid()}")
+def plain_mode() -> int:
+    """The mode a plain `open()` gives a new file: 0666 less the umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def temporary(path: Path, kind: str = "tmp", folder: bool = False) -> Path:
+    """A new sibling of `path` to write it under before the rename into place: an empty file (of `plain_mode`)
+    or, with `folder`, an empty folder, made by `tempfile` under a name no file held, so no one's file is taken."""
+    path = Path(path)
+    prefix, suffix = f".{path.name}.", f".{kind}"
+    if folder:
+        return Path(tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=path.parent))
+    handle, name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=path.parent)
+    os.fchmod(handle, plain_mode())
+    os.close(handle)
+    return Path(name)
 
 
 def temporary_file(path: Path) -> Path:
@@ -138,10 +154,10 @@ def atomic_write(path: Path, text: str, replace: bool | str = True) -> None:
 def set_aside(folder: Path):
     """Rebuild `folder` in the block: the old one waits under a temporary name and is removed only once the
     block succeeds; if it fails, what it wrote goes and the old folder is put back."""
-    aside = temporary(folder, "old")
     had = folder.exists()
     if had:
-        os.rename(folder, aside)
+        aside = temporary(folder, "old", folder=True)
+        os.rename(folder, aside)  # onto the empty folder `temporary` made
     try:
         yield
     except BaseException:

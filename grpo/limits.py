@@ -1,0 +1,19 @@
+"""Upper bounds of counts and caps that flags and files read back (a run's `run_config.json`) may ask for.
+
+Each is far above any real use and checked before work starts, so a typo (`--max-new-tokens 100000000`) is
+named at once instead of running for days or exhausting memory.
+"""
+from __future__ import annotations
+
+MAX_NEW_TOKENS = 65_536  # output cap per prompt: OCR outputs run to a few thousand tokens
+MAX_PROBE_SIZE = 100_000  # prompts of one probe or evaluation: the built-in probe sets hold 60 to 1,000
+MAX_SAMPLES = 64  # sampled decodes per prompt: each is a whole decode; TPF's interval is tight long before
+MAX_BATCH = 256  # prompts decoded at once: their KV caches share one device
+
+
+def whole_in(value: object, low: int, high: int) -> bool:
+    """True when `value` is an integer (not a bool) in [low, high]."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+MAX_SEED = 2**32 - 1  # numpy's and the samplers' seeds are 32-bit
