@@ -252,12 +252,9 @@ def check_output_dir(cfg: Any, resume: str | bool | None = None, overwrite: bool
                         is_own=is_own_run if judged else (lambda folder: True),
                         inputs=[cfg.pool, cfg.probe_set, cfg.model], overwrite=overwrite if judged else None,
                         setting="output_dir")
-    if isinstance(resume, str):
-        if not Path(resume).is_dir():
-            raise ConfigError(f"resume: no checkpoint folder {resume}", setting="resume")
-    elif resume and not RunDir(out).checkpoints():
-        raise ConfigError(f"resume: output_dir {cfg.output_dir} holds no checkpoint-N folder to resume from",
-                          setting="resume")
+    from grpo.training.checkpoints import resume_point
+
+    resume_point(out, resume)  # the last complete checkpoint, as the run picks it
 
 
 def check_outputs(cfg: Any, report: PreflightReport, resume: str | bool | None = None,
