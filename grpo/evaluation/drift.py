@@ -213,6 +213,9 @@ def remeasure_checkpoints(run: RunDir, default: Callable[[str], Any], *, probe_s
             raise ConfigError(f"probe_size = {quoted(size)} is not an integer >= 1 (at most {MAX_PROBE_SIZE:,})")
         if not isinstance(probe_set, str):
             raise ConfigError(f"probe_set = {quoted(probe_set)} is not a pool name or path")
+        floor = config.get("tpf_floor")
+        if floor is not None and (isinstance(floor, bool) or not isinstance(floor, (int, float))):
+            raise ConfigError(f"tpf_floor = {quoted(floor)} is not a number")
         if include_initial and not isinstance(config.get("model", ""), str):
             raise ConfigError(f"model = {quoted(config['model'])} is not a checkpoint name")
     except ConfigError as err:

@@ -62,6 +62,9 @@ def _read_jsonl(path: Path) -> list[dict]:
     for number, record, problem in read_lines(path, "run file"):
         if problem is None and not isinstance(record, dict):
             problem = "not a JSON object"
+        elif problem is None and "step" in record and (isinstance(record["step"], bool)
+                                                        or not isinstance(record["step"], int)):
+            problem = f"step {record['step']!r} is not an integer"
         if problem:
             raise ConfigError(f"{path} is damaged: line {number}: {problem}")
         records.append(record)
