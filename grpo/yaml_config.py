@@ -68,9 +68,9 @@ def read_recipe(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, An
 
     from grpo.builtin import recipe, recipes
 
-    from grpo.paths import check_readable
+    from grpo.paths import check_path
 
-    path = check_readable(recipe(path), "config file")
+    path = check_path(recipe(path), "config file")  # a FIFO or a device is refused just below, before any read
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist (the shipped recipes: {', '.join(recipes())})"
                           if not path.exists() else f"config file {path} is not a regular file (a folder or a device)")

@@ -45,6 +45,7 @@ class ProbeSettings:
         from grpo.errors import quoted
         from grpo.limits import MAX_BATCH, MAX_NEW_TOKENS, MAX_SAMPLES, whole_in
         from grpo.rollouts.image_prompts import long_side
+        from grpo.yaml_config import ConfigError
 
         try:
             side = isinstance(self.image_long_side, (str, int)) and long_side(self.image_long_side) is not False
