@@ -170,6 +170,9 @@ def locate(spec: str | Path) -> ModelSource:
     hub = not path.exists() and HUB_ID.fullmatch(text) is not None and not text.startswith(".")
     if hub:
         path = _from_hub(text)
+    from grpo.paths import check_tree_readable
+
+    check_tree_readable(path, f"model {text}")  # a FIFO among its files would hang the loaders
     if not (path / "config.json").is_file():
         if (path / ADAPTER_CONFIG).is_file():
             _check_weights(path)

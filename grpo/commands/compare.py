@@ -108,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
     for flag, value, high in (("--probe-size", args.probe_size, MAX_PROBE_SIZE),
                               ("--max-new-tokens", args.max_new_tokens, MAX_NEW_TOKENS)):
         if not 1 <= value <= high:
-            raise UserError(f"{flag} must be in [1, {high:,}], got {value}")
+            raise UserError(f"{flag} must be >= 1, got {value}" if value < 1 else
+                            f"{flag} must be at most {high:,}, got {value}")
     arms = []
     for spec in args.arms:
         if len(spec) < 2:

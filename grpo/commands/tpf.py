@@ -88,13 +88,10 @@ def _check_decoding(args: argparse.Namespace, error: type) -> None:
     """Refuse decoding flags that contradict each other or that no decoder takes, naming the flag."""
     from grpo.training.preflight import MAX_SEED
 
-    from grpo.limits import MAX_NEW_TOKENS
-
     for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--bd-size", args.bd_size)):
         if value is not None and value < 1:
             raise error(f"{flag} must be >= 1, got {value}")
-    if args.max_new_tokens is not None and args.max_new_tokens > MAX_NEW_TOKENS:  # --bd-size: at most this cap
-        raise error(f"--max-new-tokens must be at most {MAX_NEW_TOKENS:,}, got {args.max_new_tokens}")
+
     if not 0 <= args.tau <= 1:
         raise error(f"--tau is a confidence threshold in [0, 1], got {args.tau}")
     if not (1 <= args.batch_size <= MAX_BATCH and 1 <= args.samples <= MAX_SAMPLES):
