@@ -111,8 +111,12 @@ def _write(path: Path, value: Any) -> None:
 
 def _last_error(log_file: Path) -> str:
     """The run's own `error:` line from its log, or ''."""
-    lines = [line for line in log_file.read_text(errors="replace").splitlines() if line.startswith("error: ")]
-    return f": {lines[-1].removeprefix('error: ')[:300]}" if lines else ""
+    lines = log_file.read_text(errors="replace").splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("error: ")]
+    if not starts:
+        return ""
+    text = " ".join(line.strip() for line in lines[starts[-1]:starts[-1] + 3])  # a list's first problems too
+    return f": {text.removeprefix('error: ')[:300]}"
 
 
 def run_one(arm: Arm, seed: int, out: Path, common: dict, probe: dict, log: Callable[[str], None]) -> list[dict]:
