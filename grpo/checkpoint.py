@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 MASK_TOKEN = "<|mask|>"
 BD_FILE = "block_diffusion.json"
+MAX_BD_SIZE = 4096  # draft block size B: recipes use 4 to 32; a block past any output cap is a typo
 TINY_MODEL = model_folder("tiny")  # the tiny default's folder (grpo.builtin)
 VLM_MODEL_TYPES = ("glm_ocr",)
 ADAPTER_CONFIG = "adapter_config.json"  # a LoRA checkpoint (peft): adapters only, merged into the base on load
@@ -66,8 +67,8 @@ class BlockDiffusionConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, kind):
                 raise CheckpointError(f"{BD_FILE}: field {name!r} must be an integer, got {value!r}")
-        if self.bd_size < 1:
-            raise CheckpointError(f"{BD_FILE}: field 'bd_size' must be >= 1, got {self.bd_size}")
+        if not 1 <= self.bd_size <= MAX_BD_SIZE:
+            raise CheckpointError(f"{BD_FILE}: field 'bd_size' must be in [1, {MAX_BD_SIZE:,}], got {self.bd_size}")
         for name in ("ar_loss_weight", "diff_loss_weight"):
             value = getattr(self, name)
             if (value is not None or name == "ar_loss_weight") and (
@@ -179,6 +180,9 @@ def locate(spec: str | Path) -> ModelSource:
     hub = not path.exists() and HUB_ID.fullmatch(text) is not None and not text.startswith(".")
     if hub:
         path = _from_hub(text)
+    from grpo.paths import check_tree_readable
+
+    check_tree_readable(path, f"model {text}")  # a FIFO among its files would hang the loaders
     if not (path / "config.json").is_file():
         if (path / ADAPTER_CONFIG).is_file():
             _check_weights(path)
@@ -300,6 +304,50 @@ def tokenizer_of(processor: Any) -> Any:
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 
 
+LAYER = re.compile(r"^(.*?layers)\.(\d+)\.")  # `model.layers.11.mlp...`: the prefix and the layer's index
+
+
+def _layer_counts(names: Any) -> dict[str, int]:
+    """Per `...layers` prefix, the layers the parameter `names` hold (highest index + 1)."""
+    counts: dict[str, int] = {}
+    for name in names:
+        if (m := LAYER.match(name)):
+            counts[m.group(1)] = max(counts.get(m.group(1), 0), int(m.group(2)) + 1)
+    return counts
+
+
+def _check_shapes(folder: Path, config: Any, vlm: bool) -> None:
+    """The weights of `folder` (their safetensors headers) against the model its `config.json` describes (built
+    on the meta device, no memory): a tensor of another shape, or fewer layers than the config lists, is named
+    before any loader fills the gap with random weights. Names that only one side has (renamed on load) are not
+    compared."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    saved: dict[str, list[int]] = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        with open(path, "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        saved.update({name: t["shape"] for name, t in header.items() if name != "__metadata__"})
+    if not saved:
+        return
+    auto = AutoModelForImageTextToText if vlm else AutoModelForCausalLM
+    try:
+        with torch.device("meta"):
+            expected = {name: list(t.shape) for name, t in auto.from_config(config).state_dict().items()}
+    except (ValueError, KeyError, TypeError, RuntimeError, AttributeError) as err:
+        raise CheckpointError(f"{folder / 'config.json'}: describes no model this transformers can build "
+                              f"({str(err).splitlines()[0][:160]})") from None
+    for name, shape in expected.items():
+        if name in saved and saved[name] != shape:
+            raise CheckpointError(f"{folder}: weight {name!r} has shape {saved[name]} but config.json describes "
+                                  f"{shape}; the weights and the config disagree")
+    have = _layer_counts(saved)
+    for prefix, count in _layer_counts(expected).items():
+        if prefix in have and have[prefix] < count:
+            raise CheckpointError(f"{folder}: config.json lists {count} layers under {prefix}, the weights hold "
+                                  f"{have[prefix]}; the weights and the config disagree")
+
+
 def processor_dir(source: ModelSource) -> Path:
     """The folder whose tokenizer (and processor) belong to `source`: the LoRA folder when it holds one."""
     return source.folder if (source.folder / "tokenizer_config.json").is_file() else source.model_dir
@@ -378,9 +426,22 @@ def inspect_checkpoint(spec: str | Path, need_drafter: bool = False) -> Inspecti
     source = locate(spec)
     bd = BlockDiffusionConfig.load(source.folder_with(BD_FILE)) \
         if need_drafter or source.file(BD_FILE) is not None else None
-    config = AutoConfig.from_pretrained(source.model_dir)
+    config_file = source.model_dir / "config.json"
+    try:
+        config = AutoConfig.from_pretrained(source.model_dir)
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        kind = read_json_object(config_file, CheckpointError).get("model_type")
+        raise CheckpointError(f"{config_file}: model_type {kind!r} is no architecture this transformers knows, or "
+                              f"its fields do not fit it ({str(err).splitlines()[0][:160]})") from None
     vlm = is_vlm(config)
-    processor = _load_processor(processor_dir(source), vlm)
+    _check_shapes(source.model_dir, config, vlm)
+    try:
+        processor = _load_processor(processor_dir(source), vlm)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
+        if isinstance(err, CheckpointError):
+            raise
+        raise CheckpointError(f"{processor_dir(source)}: no usable tokenizer files (tokenizer.json, "
+                              f"tokenizer_config.json, ...): {str(err).splitlines()[0][:160]}") from None
     note = None
     if bd is not None:
         try:

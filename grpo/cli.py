@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 import grpo
@@ -64,11 +65,38 @@ def flag_hint(parser: argparse.ArgumentParser, setting: str | None) -> str:
     return f" (flag {flags[0]})" if flags else ""
 
 
+def checked_run(args: argparse.Namespace) -> int:
+    """`args.run(args)` once no argument holds a NUL byte or a path the system cannot look up (a name over 255
+    bytes, a path over 4,096), each refused naming its flag; such a path read from a file is named where the
+    system refuses it."""
+    import errno
+
+    from grpo.errors import UserError, quoted
+    from grpo.paths import path_problem
+
+    for dest, value in vars(args).items():
+        if dest.endswith("_text"):  # literal text (`score --pred-text`), not a path
+            continue
+        for text in (value if isinstance(value, list) else [value]):
+            text = str(text) if isinstance(text, os.PathLike) else text
+            problem = path_problem(text) if isinstance(text, str) and ("\0" in text or "=" not in text) else None
+            if problem:
+                flags = [a.option_strings[0] for a in args.parser._actions if a.dest == dest and a.option_strings]
+                raise UserError(f"{flags[0] if flags else dest} {quoted(text, 80)} {problem}")
+    try:
+        return args.run(args)
+    except OSError as err:
+        if err.errno != errno.ENAMETOOLONG:
+            raise
+        raise UserError(f"{quoted(str(err.filename), 80)}: a name over 255 bytes or a path over 4,096 "
+                        "(the system refuses it)") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
     setup_logging(verbose=any(a in ("-v", "--verbose") for a in given))  # before `train`'s parser loads TRL
     args = build_parser(argv).parse_args(argv)
-    return boundary(lambda: args.run(args), args.verbose, lambda err: flag_hint(args.parser, err.setting))
+    return boundary(lambda: checked_run(args), args.verbose, lambda err: flag_hint(args.parser, err.setting))
 
 
 if __name__ == "__main__":

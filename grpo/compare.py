@@ -5,7 +5,9 @@ the run's alone) into `OUT/<arm>/seed-<S>`; its last checkpoint is then decoded 
 self-speculative decoder with AR greedy beside it (`grpo.decoding.tpf.measure_tpf`, as `gravity-grpo tpf
 --compare-ar --score`), and the rows land in `eval.json`. The starting model is evaluated once (`start.json`).
 A run with `eval.json` is skipped, so an interrupted comparison resumes where it stopped; a finished
-training (`wall_time.json`) without it is only evaluated; any other run folder is trained again from scratch.
+training (`wall_time.json`) without it is only evaluated; an unfinished run folder is trained again from scratch
+when `train`'s marker proves `train` made it, and refused otherwise (a user's folder is never removed). Arm names
+become folder names, so each is checked as one (`grpo.paths.check_name`).
 On a probe other than the default one (`DEFAULT_PROBE`) every evaluation and report file carries the probe
 in its name (`eval.tiny-probe@7-60-192.json`, `compare.tiny-probe@7-60-192.json`), so the same command with
 another `--probe-set` re-evaluates a finished comparison on it without training anything.
@@ -35,7 +37,9 @@ from typing import Any, Callable
 
 from grpo.evaluation import stats as compare_stats
 from grpo.evaluation.run_dir import RunDir
-from grpo.outputs import mark
+from grpo.errors import UserError
+from grpo.outputs import atomic_write, mark, owns_folder
+from grpo.paths import check_name
 
 EVAL_FILE, START_FILE, REPORT_FILE, PLOT_FILE = "eval.json", "start.json", "compare.json", "compare.png"
 STAMP = "gravity-grpo compare"  # the marker of a comparison folder (grpo.outputs)
@@ -73,11 +77,16 @@ def train_command(arm: Arm, seed: int, folder: Path, common: dict) -> list[str]:
     return command
 
 
+class CompareError(UserError):
+    """A run of the comparison that cannot go on (its training failed, or it saved nothing); names the run."""
+
+
 def final_checkpoint(folder: Path) -> Path:
     """The run's last `checkpoint-N` folder."""
     points = RunDir(folder).checkpoints()
     if not points:
-        raise RuntimeError(f"{folder}: the run saved no checkpoint")
+        raise CompareError(f"{folder}: the run saved no checkpoint to evaluate (set save_steps or max_steps so "
+                           "that it saves one)")
     return Path(points[-1][1])
 
 
@@ -104,9 +113,17 @@ def evaluate(model: str | Path, probe_set: str, probe_size: int, max_new_tokens:
 
 
 def _write(path: Path, value: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(value, indent=1) + "\n")
-    tmp.replace(path)  # a file that exists is complete: resuming trusts it
+    atomic_write(path, json.dumps(value, indent=1) + "\n")  # a file that exists is complete: resuming trusts it
+
+
+def _last_error(log_file: Path) -> str:
+    """The run's own `error:` line from its log, or ''."""
+    lines = log_file.read_text(errors="replace").splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("error: ")]
+    if not starts:
+        return ""
+    text = " ".join(line.strip() for line in lines[starts[-1]:starts[-1] + 3])  # a list's first problems too
+    return f": {text.removeprefix('error: ')[:300]}"
 
 
 def run_one(arm: Arm, seed: int, out: Path, common: dict, probe: dict, log: Callable[[str], None]) -> list[dict]:
@@ -117,8 +134,15 @@ def run_one(arm: Arm, seed: int, out: Path, common: dict, probe: dict, log: Call
         log(f"{arm.name} seed {seed}: done, skipped")
         return json.loads(done.read_text())
     if not (folder / TRAINED_FILE).is_file():
-        if folder.exists():
-            shutil.rmtree(folder)  # an interrupted run: train again from scratch
+        from grpo.training.preflight import RUN_STAMP
+
+        if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+            raise CompareError(f"{folder} is in the way of the run (a link, or not a folder); move it away")
+        if folder.is_dir() and any(folder.iterdir()):
+            if not owns_folder(folder, RUN_STAMP):
+                raise CompareError(f"{folder} holds no finished run and was not made by gravity-grpo train; it is "
+                                   "kept: move it away, or choose another --out")
+            shutil.rmtree(folder)  # an interrupted run of this comparison: train again from scratch
         folder.parent.mkdir(parents=True, exist_ok=True)
         train_log = folder.with_name(f"{folder.name}.train.log")  # beside the run folder, which train creates
         log(f"{arm.name} seed {seed}: training ({train_log})")
@@ -126,8 +150,8 @@ def run_one(arm: Arm, seed: int, out: Path, common: dict, probe: dict, log: Call
             result = subprocess.run(train_command(arm, seed, folder, common), stdout=stream,
                                     stderr=subprocess.STDOUT, env=os.environ.copy())
         if result.returncode:
-            raise RuntimeError(f"{arm.name} seed {seed}: training failed (exit {result.returncode}); see "
-                               f"{train_log}")
+            raise CompareError(f"arm {arm.name} seed {seed}: training failed (exit {result.returncode})"
+                               f"{_last_error(train_log)}; see its log {train_log}")
     log(f"{arm.name} seed {seed}: evaluating the last checkpoint")
     rows = evaluate(final_checkpoint(folder), **probe)
     _write(done, rows)
@@ -201,6 +225,8 @@ def run_comparison(arms: list[Arm], seeds: list[int], out: str | Path, *, common
     comparison, while it still runs)."""
     if len({a.name for a in arms}) != len(arms) or not arms:
         raise ValueError("arms need distinct names")
+    for arm in arms:
+        check_name(arm.name, "arm name")
     out = Path(out)
     mark(out, STAMP)  # `grpo.outputs.output_folder` knows it as this command's own, to resume
     probe = {**DEFAULT_PROBE, **(probe or {})}

@@ -25,6 +25,7 @@ import errno
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -34,9 +35,24 @@ MARKER = ".gravity-grpo.json"  # in each output folder a command made: {"written
 MAX_OWN_BYTES = 64 << 20  # a file of our own is small (stats, reports); a larger one is not parsed, hence not ours
 
 
-def temporary(path: Path, kind: str = "tmp") -> Path:
-    """The sibling name `path` is written under before it is renamed into place (one per process)."""
-    return path.with_name(f".{path.name}.{kind}{os.getpid()}")
+def plain_mode() -> int:
+    """The mode a plain `open()` gives a new file: 0666 less the umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def temporary(path: Path, kind: str = "tmp", folder: bool = False) -> Path:
+    """A new sibling of `path` to write it under before the rename into place: an empty file (of `plain_mode`)
+    or, with `folder`, an empty folder, made by `tempfile` under a name no file held, so no one's file is taken."""
+    path = Path(path)
+    prefix, suffix = f".{path.name}.", f".{kind}"
+    if folder:
+        return Path(tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=path.parent))
+    handle, name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=path.parent)
+    os.fchmod(handle, plain_mode())
+    os.close(handle)
+    return Path(name)
 
 
 def temporary_file(path: Path) -> Path:
@@ -138,10 +154,10 @@ def atomic_write(path: Path, text: str, replace: bool | str = True) -> None:
 def set_aside(folder: Path):
     """Rebuild `folder` in the block: the old one waits under a temporary name and is removed only once the
     block succeeds; if it fails, what it wrote goes and the old folder is put back."""
-    aside = temporary(folder, "old")
     had = folder.exists()
     if had:
-        os.rename(folder, aside)
+        aside = temporary(folder, "old", folder=True)
+        os.rename(folder, aside)  # onto the empty folder `temporary` made
     try:
         yield
     except BaseException:
@@ -190,6 +206,29 @@ def check_place(path: Path, name: str, inputs: Iterable[str | Path], setting: st
                             setting=setting)
 
 
+KERNEL_FOLDERS = ("/proc", "/sys", "/dev")  # file systems of the kernel: nothing of a command's is written there
+
+
+def check_writable(path: Path, name: str, setting: str | None = None) -> None:
+    """Refuse an output that cannot be written: under a kernel file system (`KERNEL_FOLDERS`), or whose nearest
+    existing folder is not a folder this process may create files in. Called by `output_file` and `output_folder`
+    (so the dry run of `train` checks the folder the run writes)."""
+    from grpo.paths import check_path
+
+    target = Path(os.path.abspath(check_path(path, name, setting)))
+    for kernel in KERNEL_FOLDERS:
+        if target == Path(kernel) or Path(kernel) in target.parents:
+            raise UserError(f"{name} {path} lies under {kernel}, a file system of the kernel; choose another "
+                            "output", setting=setting)
+    existing = next(p for p in (target, *target.parents) if os.path.lexists(p))
+    if existing != target and not existing.is_dir():
+        raise UserError(f"{name} {path} cannot be created: {existing} is a file, not a folder", setting=setting)
+    folder = existing if existing.is_dir() else existing.parent
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UserError(f"{name} {path} cannot be written: this user may not create files in {folder}",
+                        setting=setting)
+
+
 def _no_link(path: Path, text: str, name: str, setting: str | None) -> None:
     """Refuse an output that is a symbolic link, a dangling one too (the write would land where it points)."""
     if path.is_symlink():
@@ -208,6 +247,7 @@ def output_file(value: str | Path | None, name: str, *, stamp: str, inputs: Iter
     text, path = str(value), Path(value)
     if not text.strip() or text.endswith(("/", "\\")) or path.name in ("", ".", ".."):
         raise UserError(f"{name} {text!r}: give a file path", setting=setting)
+    check_writable(path, name, setting)
     _no_link(path, text, name, setting)
     if path.is_dir():
         raise UserError(f"{name} {text} is a folder; give a file path", setting=setting)
@@ -241,6 +281,7 @@ def output_folder(value: str | Path, name: str, *, kind: str, is_own: Callable[[
     text, path = str(value), Path(value)
     if not text.strip():
         raise UserError(f"{name} {text!r}: give a folder path", setting=setting)
+    check_writable(path, name, setting)
     _no_link(path, text, name, setting)
     if path.exists() and not path.is_dir():
         raise UserError(f"{name} {text} is a file, not a folder", setting=setting)

@@ -81,3 +81,81 @@ def compile_where_possible() -> None:
         log.warning("torch lies under a path with spaces (%s), where its compiler cannot link C++; "
                     "torch.compile is off for this process", Path(torch._dynamo.__file__).parents[1])
         torch._dynamo.config.disable = True
+
+
+MAX_NAME_CHARS = 100  # a name that becomes a folder name (an arm, a run)
+MAX_PATH_BYTES, MAX_PART_BYTES = 4096, 255  # Linux's PATH_MAX and NAME_MAX
+
+
+def check_name(value: object, what: str, setting: str | None = None) -> str:
+    """`value` when it may be used as one folder name: text of 1 to `MAX_NAME_CHARS` characters without a
+    separator, a NUL or control character, and not `.` or `..`; else a `UserError` naming `what`."""
+    from grpo.errors import quoted
+
+    text = value if isinstance(value, str) else None
+    problem = ("is not text" if text is None else "is empty" if not text.strip() else
+               f"is over {MAX_NAME_CHARS} characters" if len(text) > MAX_NAME_CHARS else
+               "holds a NUL byte" if "\0" in text else
+               "holds a path separator (/ or \\)" if "/" in text or "\\" in text else
+               "holds a control character" if any(ord(ch) < 32 for ch in text) else
+               "is . or .." if text in (".", "..") else None)
+    if problem:
+        shown = quoted(text[:MAX_NAME_CHARS] + ("..." if len(text) > MAX_NAME_CHARS else "")) if text is not None \
+            else repr(value)[:60]
+        raise UserError(f"{what} {shown} {problem}; a name becomes a folder name", setting=setting)
+    return text
+
+
+def path_problem(text: str) -> str | None:
+    """Why `text` cannot be a path here (a NUL byte, a name over 255 bytes, a path over 4,096), or None."""
+    if "\0" in text:
+        return "holds a NUL byte"
+    if len(os.fsencode(text)) > MAX_PATH_BYTES:
+        return f"is a path over {MAX_PATH_BYTES:,} bytes"
+    if any(len(os.fsencode(part)) > MAX_PART_BYTES for part in text.split("/")):
+        return f"holds a name over {MAX_PART_BYTES} bytes"
+    return None
+
+
+def check_path(value: str | Path, what: str, setting: str | None = None) -> Path:
+    """`Path(value)` when the system can look it up; else a `UserError` naming `what` and the fault."""
+    from grpo.errors import quoted
+
+    text = str(value)
+    problem = path_problem(text)
+    if problem:
+        raise UserError(f"{what} {quoted(text[:80] + ('...' if len(text) > 80 else ''))} {problem}",
+                        setting=setting)
+    return Path(text)
+
+
+def special_kind(path: str | Path) -> str | None:
+    """'a FIFO', 'a device', 'a socket' when `path` (links followed) is one: what reading would hang on or
+    stream forever; None for a regular file, a folder, or nothing there."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    return ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else
+            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else None)
+
+
+def check_readable(path: str | Path, what: str, setting: str | None = None) -> Path:
+    """`check_path`, then refuse a FIFO, a device or a socket before anything opens it."""
+    path = check_path(path, what, setting)
+    kind = special_kind(path)
+    if kind:
+        raise UserError(f"{what} {path} is {kind}, not a regular file or folder", setting=setting)
+    return path
+
+
+def check_tree_readable(folder: str | Path, what: str, pattern: str = "*") -> None:
+    """`check_readable` for `folder` and each entry of it matching `pattern` (a dataset's files, say)."""
+    folder = check_readable(folder, what)
+    if folder.is_dir():
+        for entry in sorted(folder.glob(pattern)):
+            kind = special_kind(entry)
+            if kind:
+                raise UserError(f"{what}: {entry} is {kind}, not a regular file")

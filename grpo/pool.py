@@ -146,7 +146,9 @@ def _read(spec: str):
     the file line of each row: a list for jsonl, None otherwise)."""
     from datasets import DatasetDict
 
-    path = Path(spec)
+    from grpo.paths import check_readable
+
+    path = check_readable(spec, "prompt pool")
     if not path.exists() and spec in POOLS:
         path = pool_folder(spec)
     if path.is_dir():
@@ -191,6 +193,9 @@ def read_dataset_folder(path: Path, what: str, expected: str = FORMATS):
     import pyarrow as pa
     from datasets import Dataset, disable_caching, load_from_disk
 
+    from grpo.paths import check_tree_readable
+
+    check_tree_readable(path, what, "**/*")  # a FIFO among the arrow files would hang the load
     markers = [path / name for name in ("state.json", "dataset_info.json", "dataset_dict.json")]
     if not any(m.is_file() for m in markers):
         if any(path.glob("*.parquet")):

@@ -68,7 +68,9 @@ def read_recipe(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, An
 
     from grpo.builtin import recipe, recipes
 
-    path = recipe(path)
+    from grpo.paths import check_path
+
+    path = check_path(recipe(path), "config file")  # a FIFO or a device is refused just below, before any read
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist (the shipped recipes: {', '.join(recipes())})"
                           if not path.exists() else f"config file {path} is not a regular file (a folder or a device)")
@@ -108,6 +110,8 @@ def _unique_key_loader():
         def construct_mapping(self, node, deep=False):
             seen = set()
             for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *base` merges keys that the mapping's own override (YAML's merge key)
                 key = self.construct_object(key_node, deep=True)
                 if not isinstance(key, Hashable):
                     continue  # SafeLoader refuses it below, with its line
@@ -224,7 +228,11 @@ class Fields:
         elif kind is int:
             out = value if isinstance(value, int) and not isinstance(value, bool) else None
         elif kind is float:
-            out = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+            try:
+                out = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+            except OverflowError:
+                raise ConfigError(f"{source}: {key} must be {_kind(action)}, got an integer past the float "
+                                  "range") from None
         elif kind is str:
             out = str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
         elif kind is dict:

@@ -80,6 +80,9 @@ def test_train_command_layers_common_arm_and_seed(tmp_path):
 
 
 def test_finished_runs_are_skipped_and_interrupted_ones_restart(tmp_path, monkeypatch):
+    from grpo.outputs import mark
+    from grpo.training.preflight import RUN_STAMP
+
     arm = compare.Arm("a", "configs/tiny_cpu.yaml")
     done = tmp_path / "a" / "seed-1"
     done.mkdir(parents=True)
@@ -90,8 +93,14 @@ def test_finished_runs_are_skipped_and_interrupted_ones_restart(tmp_path, monkey
     assert not calls
     partial = tmp_path / "a" / "seed-2"
     partial.mkdir()
+    (partial / "thesis.txt").write_text("the user's")  # not made by train: kept, and the run refused
+    with pytest.raises(compare.CompareError, match="was not made by gravity-grpo train; it is kept"):
+        compare.run_one(arm, 2, tmp_path, {}, compare.DEFAULT_PROBE, log=lambda _: None)
+    assert not calls and (partial / "thesis.txt").read_text() == "the user's"
+    (partial / "thesis.txt").unlink()
+    mark(partial, RUN_STAMP)  # an interrupted run of train's own: trained again from scratch
     (partial / "stale").write_text("x")
-    with pytest.raises(RuntimeError, match="exit 3"):
+    with pytest.raises(compare.CompareError, match=r"arm a seed 2: training failed \(exit 3\); see its log "):
         compare.run_one(arm, 2, tmp_path, {}, compare.DEFAULT_PROBE, log=lambda _: None)
     assert len(calls) == 1 and not (partial / "stale").exists()
 

@@ -534,7 +534,7 @@ def _tree(folder: Path) -> dict[str, object]:
     for path in sorted(folder.rglob("*")):
         key = str(path.relative_to(folder))
         out[key] = (f"link -> {path.readlink()}" if path.is_symlink() else "folder" if path.is_dir()
-                    else path.read_bytes())
+                    else path.read_bytes() if path.is_file() else "special file")  # a FIFO is never read
     return out
 
 
@@ -856,3 +856,266 @@ def test_library_warnings_never_print_before_the_error_line(here, capsys):
     assert boundary(lambda: noisy(None), verbose=False) == 2
     err = capsys.readouterr().err
     assert err.strip() == "error: the one problem"
+
+
+# ------------------------------------------------------------------------- names, ownership, temp files
+
+@pytest.mark.parametrize("name, culprit", [
+    ("../victim", "--arm name '../victim' holds a path separator"),
+    ("/abs", "--arm name '/abs' holds a path separator"),
+    ("..", "--arm name '..' is . or .."),
+    ("a" * 101, "is over 100 characters"),
+    ("a\0b", "holds a NUL byte"),
+])
+def test_a_name_that_becomes_a_folder_is_never_a_path(here, capsys, name, culprit):
+    (here / "victim").mkdir()
+    (here / "victim" / "thesis.txt").write_text("years of work")
+    _refused_untouched(capsys, here, ["compare", "--arm", name, RECIPE, "--arm", "b", RECIPE, "--seeds", "0",
+                                      "--out", "cmp"], culprit)
+
+
+def test_compare_never_removes_a_run_folder_train_did_not_make(here, capsys):
+    from grpo.compare import STAMP
+    from grpo.outputs import mark
+
+    mark(here / "cmp", STAMP)
+    (here / "cmp" / "a" / "seed-0").mkdir(parents=True)
+    (here / "cmp" / "a" / "seed-0" / "thesis.txt").write_text("years of work")
+    _refused_untouched(capsys, here, ["compare", "--arm", "a", RECIPE, "--arm", "b", RECIPE, "--seeds", "0",
+                                      "--out", "cmp"], "seed-0 holds no finished run and was not made by "
+                                                       "gravity-grpo train; it is kept")
+
+
+def test_temporary_names_never_take_a_users_file(here):
+    from grpo.evaluation.run_dir import RunDir
+    from grpo.outputs import atomic_write
+
+    users = {name: f"the user's {name}" for name in ("tpf_drift_checkpoints.jsonl.tmp", "eval.tmp", "x.json.tmp",
+                                                     ".x.json.tmp", f".x.json.tmp{__import__('os').getpid()}")}
+    for name, text in users.items():
+        (here / name).write_text(text)
+    atomic_write(here / "x.json", "{}\n")
+    RunDir(here).write_drift([], "tpf_drift_checkpoints")
+    assert {name: (here / name).read_text() for name in users} == users
+    assert sorted(p.name for p in here.iterdir()) == sorted([*users, "x.json", "tpf_drift_checkpoints.jsonl",
+                                                             "tpf_drift_checkpoints.png"])
+
+
+# ------------------------------------------------------------------------------ special files, bounds
+
+def test_a_fifo_inside_a_dataset_folder_is_refused_before_any_read(here, capsys):
+    import os
+
+    from datasets import Dataset
+
+    Dataset.from_dict({"prompt": ["p"], "target": ["t"], "task_type": ["text"]}).save_to_disk("pool")
+    (arrow,) = (here / "pool").glob("*.arrow")
+    arrow.unlink()
+    os.mkfifo(arrow)
+    for argv in (["pool-stats", "pool"], ["train", "--config", RECIPE, "--dry-run", "--set", "probe_set=pool"]):
+        _refused_untouched(capsys, here, argv, f"{arrow.name} is a FIFO, not a regular file")
+
+
+@pytest.mark.parametrize("argv", [["pool-stats", "pipe.jsonl"], ["score", "--pairs", "pipe.jsonl"],
+                                  ["tpf", "--pool", "pipe.jsonl"], ["train", "--config", "pipe.jsonl", "--dry-run"]])
+def test_a_fifo_given_as_an_input_is_refused(here, capsys, argv):
+    import os
+
+    os.mkfifo(here / "pipe.jsonl")
+    message = _refused_untouched(capsys, here, argv, "pipe.jsonl")
+    assert "FIFO" in message or "not a regular file" in message
+
+
+@pytest.mark.parametrize("argv, culprit", [
+    (["pool-stats", "x\0y.jsonl"], "holds a NUL byte"),
+    (["train", "--config", RECIPE, "--dry-run", "--output-dir", "r\0un"], "'r\\x00un' holds a NUL byte"),
+    (["pool-stats", "p" * 300 + ".jsonl"], "holds a name over 255 bytes"),
+    (["score", "--pairs", "p" * 300 + ".jsonl"], "--pairs"),
+    (["tpf", "--pool", "p/" * 2100 + "x.jsonl"], "is a path over 4,096 bytes"),
+    (["tpf", "--pool", "tiny-probe", "--out", "o" * 256 + ".json"], "--out"),
+])
+def test_nul_bytes_and_over_long_names_are_refused_by_flag(here, capsys, argv, culprit):
+    _refused_untouched(capsys, here, argv, culprit)
+
+
+def test_a_name_over_255_bytes_read_from_a_recipe_is_named(here, capsys):
+    (here / "r.yaml").write_text(f"extends: {RECIPE}\npool: {'p' * 300}.jsonl\n")
+    _refused_untouched(capsys, here, ["train", "--config", "r.yaml", "--dry-run"], "a name over 255 bytes")
+
+
+@pytest.mark.parametrize("argv, culprit", [
+    (["compare", "--arm", "a", RECIPE, "--arm", "b", RECIPE, "--seeds", "0", "--out", "cmp", "--report-only",
+      "--probe-size", "-5"], "--probe-size must be >= 1, got -5"),
+    (["compare", "--arm", "a", RECIPE, "--arm", "b", RECIPE, "--seeds", "0", "--out", "cmp", "--max-new-tokens",
+      "100000000"], "--max-new-tokens must be at most 65,536, got 100000000"),
+    (["mine", "--pool", "tiny", "--out", "o", "--seed", "-1"], "seed must be an integer in [0, 4294967295], got -1"),
+    (["mine", "--pool", "tiny", "--out", "o", "--max-completion-length", "100000000"],
+     "max_completion_length must be at most 65,536"),
+])
+def test_counts_and_caps_of_flags_are_bounded_before_any_output(here, capsys, argv, culprit):
+    _refused_untouched(capsys, here, argv, culprit)
+
+
+def _run_folder(here: Path, **config) -> Path:
+    import shutil
+
+    run = here / "run"
+    run.mkdir()
+    (run / "run_config.json").write_text(json.dumps({"model": "tiny", "probe_set": "tiny-probe", **config}))
+    shutil.copytree(TINY, run / "checkpoint-2")
+    return run
+
+
+@pytest.mark.parametrize("config, culprit", [
+    ({"tpf_samples": 10 ** 9}, "tpf_samples = 1000000000 is not a probe setting"),
+    ({"tpf_max_new_tokens": 10 ** 9}, "tpf_max_new_tokens = 1000000000 is not a probe setting"),
+    ({"tpf_batch_size": 10 ** 6}, "tpf_batch_size = 1000000 is not a probe setting"),
+    ({"probe_size": 10 ** 9}, "probe_size = 1000000000 is not an integer >= 1"),
+    ({"image_long_side": "huge"}, "image_long_side = 'huge' is not a probe setting"),
+    ({"tpf_preset": "fastest"}, "tpf_preset = 'fastest' is not a decode preset"),
+    ({"probe_set": 7}, "probe_set = 7 is not a pool name or path"),
+    ({"model": 3}, "model = 3 is not a checkpoint name"),
+    ({"tpf_floor": "high"}, "tpf_floor = 'high' is not a number"),
+])
+def test_values_of_a_run_config_are_bounded_and_typed_where_read(here, capsys, config, culprit):
+    _run_folder(here, **config)
+    _refused_untouched(capsys, here, ["tpf-drift", "run"], f"run_config.json: {culprit}")
+
+
+def test_tpf_drift_flags_are_bounded_and_a_string_step_is_named(here, capsys):
+    run = _run_folder(here)
+    for flag in ("--max-new-tokens", "--probe-size"):
+        _refused_untouched(capsys, here, ["tpf-drift", "run", flag, "100000000"], f"{flag} must be at most ")
+    (run / "metrics.jsonl").write_text('{"step": "3", "reward": 0.5}\n')
+    _refused_untouched(capsys, here, ["tpf-drift", "run"], "metrics.jsonl is damaged: line 1: step '3' is not an "
+                                                           "integer")
+
+
+# ------------------------------------------------------------------------------------ damaged inputs
+
+def _config_edit(folder: Path, **changes) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+
+
+def _unknown_model_type(folder: Path) -> str:
+    _config_edit(folder, model_type="no_such_architecture")
+    return "config.json: model_type 'no_such_architecture' is no architecture this transformers knows"
+
+
+def _no_tokenizer(folder: Path) -> str:
+    for path in folder.iterdir():
+        if path.name.startswith(("tokenizer", "special_tokens", "chat_template", "added_tokens")):
+            path.unlink()
+    return "no usable tokenizer files"
+
+
+def _wider_config(folder: Path) -> str:
+    config = json.loads((folder / "config.json").read_text())
+    _config_edit(folder, intermediate_size=config["intermediate_size"] + 8)
+    return "has shape [384, 128] but config.json describes [392, 128]"
+
+
+def _more_layers_in_config(folder: Path) -> str:
+    config = json.loads((folder / "config.json").read_text())
+    _config_edit(folder, num_hidden_layers=config["num_hidden_layers"] + 2)
+    return "config.json lists 6 layers under model.layers, the weights hold 4"
+
+
+def _huge_block(folder: Path) -> str:
+    bd = json.loads((folder / "block_diffusion.json").read_text())
+    (folder / "block_diffusion.json").write_text(json.dumps({**bd, "bd_size": 10 ** 9}))
+    return f"{folder / 'block_diffusion.json'}: block_diffusion.json: field 'bd_size' must be in [1, 4,096]"
+
+
+@pytest.mark.parametrize("damage", [_unknown_model_type, _no_tokenizer, _wider_config, _more_layers_in_config,
+                                    _huge_block], ids=lambda f: f.__name__.strip("_"))
+def test_a_checkpoint_that_disagrees_with_itself_is_named(here, capsys, damage):
+    import shutil
+
+    ckpt = here / "ckpt"
+    shutil.copytree(TINY, ckpt)
+    culprit = damage(ckpt)
+    for argv in (["tpf", "--model", str(ckpt), "--pool", "tiny-probe"],
+                 ["train", "--config", RECIPE, "--dry-run", "--model", str(ckpt), "--out", "run"]):
+        message = _refused_untouched(capsys, here, argv, culprit)
+        assert "--bd-size" not in message
+
+
+@pytest.mark.parametrize("recipe, culprit", [
+    ("model: [a, b]\n", "model must be a string, got ['a', 'b']"),
+    ("tpf_preset: {a: 1}\n", "tpf_preset must be"),
+    ("learning_rate: " + "1" + "0" * 400 + "\n", "learning_rate must be a number, got an integer past the float range"),
+])
+def test_recipe_values_of_the_wrong_type_are_named(here, capsys, recipe, culprit):
+    (here / "r.yaml").write_text(f"extends: {RECIPE}\n{recipe}")
+    _refused_untouched(capsys, here, ["train", "--config", "r.yaml", "--dry-run"], culprit)
+
+
+def test_a_recipe_with_yaml_merge_keys_is_read_as_yaml(here, capsys):
+    (here / "r.yaml").write_text(f"extends: {RECIPE}\n<<: {{beta: 0.002, max_steps: 3}}\nmax_steps: 4\n")
+    out = _accepted(capsys, ["train", "--config", "r.yaml", "--dry-run"], inputs=(here / "r.yaml",))
+    assert "dry run: the run would start" in out
+
+
+@pytest.mark.parametrize("flags, culprit", [
+    (["--learning-rate", "nan"], "learning_rate must be a finite number > 0, got nan"),
+    (["--hidden-size", "0"], "hidden_size must be an integer in [1, 1,048,576], got 0"),
+    (["--num-layers", "0"], "num_layers must be an integer in [1, 1,048,576], got 0"),
+    (["--grad-clip", "inf"], "grad_clip must be a finite number >= 0, got inf"),
+])
+def test_joint_numbers_are_checked_before_any_checkpoint(here, capsys, flags, culprit):
+    _refused_untouched(capsys, here, ["joint", "--ar-steps", "0", "--joint-steps", "1", "--stop-at-step", "0",
+                                      "--out", "j", *flags],
+                       culprit)
+
+
+def test_joint_takes_the_built_in_model_name_and_refuses_rows_without_target_tokens(here, capsys):
+    base = ["joint", "--ar-steps", "0", "--joint-steps", "1", "--stop-at-step", "0", "--batch-size", "2",
+            "--cpu-threads", "1", "--save-every", "0"]
+    _refused_untouched(capsys, here, [*base, "--model", "tiny", "--out", str(TINY)], f"output_dir {TINY}")
+    pool = _lines(here / "pool.jsonl", [{**GOOD_ROW, "target": ""}, {**GOOD_ROW, "target": " "}])
+    _refused_untouched(capsys, here, [*base, "--model", "tiny", "--pool", str(pool), "--out", "j"],
+                       "line 1: empty target", "line 2: empty target")
+
+
+# -------------------------------------------------------------------------------- the output and resume
+
+@pytest.mark.parametrize("out, culprit", [
+    ("/proc/nope/run", "output_dir /proc/nope/run lies under /proc, a file system of the kernel"),
+    ("/sys/run", "output_dir /sys/run lies under /sys"),
+    ("notes.txt/run", "output_dir notes.txt/run cannot be created: "),
+])
+def test_the_dry_run_refuses_an_output_the_run_cannot_write(here, capsys, out, culprit):
+    (here / "notes.txt").write_text("mine")
+    _refused_untouched(capsys, here, ["train", "--config", RECIPE, "--dry-run", "--output-dir", out], culprit)
+
+
+def test_resume_needs_a_complete_checkpoint(here, capsys):
+    _earlier_run(here / "run")  # its checkpoint-2 holds a trainer state but no weights: a save cut short
+    (here / "notrun").mkdir()
+    for extra, culprit in ((["--resume"], "resume: output_dir run holds no checkpoint-N folder to resume from "
+                                          "(only incomplete ones: checkpoint-2)"),
+                           (["--resume", "notrun"], "resume: notrun is not a complete checkpoint"),
+                           (["--resume", "nowhere"], "resume: no checkpoint folder nowhere")):
+        _refused_untouched(capsys, here, ["train", "--config", RECIPE, "--dry-run", "--out", "run", *extra], culprit)
+
+
+def test_a_failed_arm_names_the_arm_and_its_log(here, capsys):
+    (here / "bad.yaml").write_text(f"extends: {RECIPE}\npool: missing.jsonl\n")
+    message = refused(capsys, ["compare", "--arm", "a", "bad.yaml", "--arm", "b", RECIPE, "--seeds", "0", "--out",
+                               "cmp"], "arm a seed 0: training failed (exit 2): the run would not start",
+                      "prompt pool missing.jsonl",
+                      "see its log cmp/a/seed-0.train.log")
+    assert (here / "cmp" / "a" / "seed-0.train.log").is_file(), message
+
+
+def test_a_fifo_among_a_checkpoints_files_is_refused_before_any_loader(here, capsys):
+    import os
+    import shutil
+
+    shutil.copytree(TINY, here / "ckpt")
+    (here / "ckpt" / "model.safetensors").unlink()
+    os.mkfifo(here / "ckpt" / "model.safetensors")
+    _refused_untouched(capsys, here, ["tpf", "--model", "ckpt", "--pool", "tiny-probe"],
+                       "model ckpt: ckpt/model.safetensors is a FIFO, not a regular file")

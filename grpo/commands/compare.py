@@ -105,11 +105,20 @@ def run(args: argparse.Namespace) -> int:
     from grpo.training.config import load_config
     from grpo.limits import MAX_SEED
 
+    from grpo.limits import MAX_NEW_TOKENS, MAX_PROBE_SIZE
+    from grpo.paths import check_name, check_readable
+
+    for flag, value, high in (("--probe-size", args.probe_size, MAX_PROBE_SIZE),
+                              ("--max-new-tokens", args.max_new_tokens, MAX_NEW_TOKENS)):
+        if not 1 <= value <= high:
+            raise UserError(f"{flag} must be >= 1, got {value}" if value < 1 else
+                            f"{flag} must be at most {high:,}, got {value}")
     arms = []
     for spec in args.arms:
         if len(spec) < 2:
             raise UserError(f"--arm needs NAME CONFIG [KEY=VALUE ...], got {' '.join(spec)!r}")
-        if not Path(spec[1]).is_file():
+        check_name(spec[0], "--arm name")
+        if not check_readable(spec[1], f"--arm {spec[0]}: config file").is_file():
             raise UserError(f"--arm {spec[0]}: no config file {spec[1]}")
         arms.append(Arm(spec[0], spec[1], _pairs(spec[2:], f"--arm {spec[0]}")))
     if len(arms) < 2 or len({a.name for a in arms}) != len(arms):

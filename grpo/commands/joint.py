@@ -42,7 +42,11 @@ def run(args) -> int:
     from grpo.outputs import mark, output_folder, set_aside
     from grpo.yaml_config import build
 
+    from grpo.checkpoint import resolve_model
+
     values = fields().load(args.config, fields().command_line(args))
+    if isinstance(values.get("model"), str) and values["model"]:  # a built-in name (tiny), as every command takes it
+        values["model"] = str(resolve_model(values["model"]))
     cfg = build(JointConfig, values, args.config)
     inputs = [p for p in (cfg.model, cfg.pool, args.config) if p]
     out = output_folder(cfg.output_dir, "output_dir", kind="joint checkpoint", is_own=is_own, inputs=inputs,

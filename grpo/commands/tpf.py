@@ -7,10 +7,10 @@ import json
 import math
 from pathlib import Path
 
+from grpo.limits import MAX_BATCH, MAX_SAMPLES  # bounds shared with tpf-drift's run configs
+
 STAMP = "gravity-grpo tpf"  # in each file it writes (grpo.outputs)
 DEFAULT_MAX_NEW_TOKENS = 512  # the output cap where neither --max-new-tokens nor the preset gives one
-MAX_SAMPLES = 64  # sampled decodes per prompt: each is a whole decode; TPF's interval is tight long before
-MAX_BATCH = 256   # prompts decoded at once: their KV caches share one device
 HELP = "measure the drafter's tokens per forward (self-speculative or direct diffusion) on a prompt pool"
 
 
@@ -94,6 +94,7 @@ def _check_decoding(args: argparse.Namespace, error: type) -> None:
     for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--bd-size", args.bd_size)):
         if value is not None and value < 1:
             raise error(f"{flag} must be >= 1, got {value}")
+
     if not 0 <= args.tau <= 1:
         raise error(f"--tau is a confidence threshold in [0, 1], got {args.tau}")
     if not (1 <= args.batch_size <= MAX_BATCH and 1 <= args.samples <= MAX_SAMPLES):
@@ -121,9 +122,9 @@ def _check_sizes(args: argparse.Namespace, ckpt, pool) -> None:
     positions = context_length(ckpt.model.config)
     if positions is not None and args.max_new_tokens >= positions:
         raise UserError(f"--max-new-tokens {args.max_new_tokens}: the model has {positions} positions in all")
-    size = args.bd_size or ckpt.bd.bd_size
+    size, where = (args.bd_size, "--bd-size") if args.bd_size else (ckpt.bd.bd_size, f"{ckpt.bd.source}: bd_size")
     if size > args.max_new_tokens:
-        raise UserError(f"--bd-size {size}: a draft block longer than --max-new-tokens {args.max_new_tokens} "
+        raise UserError(f"{where} {size}: a draft block longer than --max-new-tokens {args.max_new_tokens} "
                         "drafts tokens that can never be kept")
     problem = policy_mismatch(pool, f"prompt pool {args.pool}", ckpt.is_vlm)
     if problem:

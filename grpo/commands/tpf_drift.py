@@ -53,11 +53,17 @@ def run(args: argparse.Namespace) -> int:
     from grpo.evaluation.run_dir import RunDir
     from grpo.outputs import mark
 
-    if not args.run_dir.is_dir():
+    from grpo.limits import MAX_NEW_TOKENS, MAX_PROBE_SIZE
+    from grpo.paths import check_readable, check_tree_readable
+
+    for flag, value, high in (("--probe-size", args.probe_size, MAX_PROBE_SIZE),
+                              ("--max-new-tokens", args.max_new_tokens, MAX_NEW_TOKENS)):
+        if value is not None and not 1 <= value <= high:
+            raise ConfigError(f"{flag} must be >= 1, got {value}" if value < 1 else
+                            f"{flag} must be at most {high:,}, got {value}")
+    if not check_readable(args.run_dir, "run folder").is_dir():
         raise ConfigError(f"{args.run_dir}: no such run folder")
-    for flag, value in (("--probe-size", args.probe_size), ("--max-new-tokens", args.max_new_tokens)):
-        if value is not None and value < 1:
-            raise ConfigError(f"{flag} must be >= 1, got {value}")
+    check_tree_readable(args.run_dir, "run folder")
     run_dir = RunDir(args.run_dir)
     out = check_out(args, run_dir)
     records = remeasure_checkpoints(

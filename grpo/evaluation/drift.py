@@ -43,20 +43,31 @@ class ProbeSettings:
 
     def __post_init__(self):
         """Refuse values no decoder takes (a `run_config.json` edited by hand, say), naming the config field."""
+        from grpo.decoding.presets import PRESETS
         from grpo.errors import quoted
+        from grpo.limits import MAX_BATCH, MAX_NEW_TOKENS, MAX_SAMPLES, whole_in
+        from grpo.crop_size import long_side
         from grpo.yaml_config import ConfigError
 
-        whole = lambda v, low: isinstance(v, int) and not isinstance(v, bool) and v >= low  # noqa: E731
-        fine = {"max_new_tokens": whole(self.max_new_tokens, 1), "batch_size": whole(self.batch_size, 1),
-                "samples": whole(self.samples, 0), "preset": isinstance(self.preset, str),
+        try:
+            side = isinstance(self.image_long_side, (str, int)) and long_side(self.image_long_side) is not False
+        except ValueError:
+            side = False
+        fine = {"max_new_tokens": whole_in(self.max_new_tokens, 1, MAX_NEW_TOKENS),
+                "batch_size": whole_in(self.batch_size, 1, MAX_BATCH), "samples": whole_in(self.samples, 0, MAX_SAMPLES),
+                "preset": isinstance(self.preset, str),
                 "postprocess": self.postprocess in POSTPROCESS_MODES,
                 "temperature": isinstance(self.temperature, (int, float)) and not isinstance(self.temperature, bool)
-                and 0 <= self.temperature < math.inf}
+                and 0 <= self.temperature < math.inf, "image_long_side": side}
         for name, ok in fine.items():
             if not ok:
                 raise ConfigError(f"{self.CONFIG_FIELDS[name]} = {quoted(getattr(self, name))} is not a probe "
-                                  "setting (integers >= 1, samples >= 0, a finite temperature >= 0, "
-                                  f"postprocess one of {', '.join(POSTPROCESS_MODES)})")
+                                  f"setting (max_new_tokens in [1, {MAX_NEW_TOKENS:,}], batch size in [1, {MAX_BATCH}], "
+                                  f"samples in [0, {MAX_SAMPLES}], a finite temperature >= 0, image_long_side "
+                                  "full, 768, 1344 or N >= 1, postprocess one of "
+                                  f"{', '.join(POSTPROCESS_MODES)})")
+        if self.preset not in PRESETS:
+            raise ConfigError(f"tpf_preset = {quoted(self.preset)} is not a decode preset (valid: {', '.join(PRESETS)})")
 
     @classmethod
     def of(cls, read: Callable[[str], Any]) -> ProbeSettings:
@@ -198,6 +209,7 @@ def remeasure_checkpoints(run: RunDir, default: Callable[[str], Any], *, probe_s
     from grpo.decoding.tpf import tpf_stats
     from grpo.hardware import torch_device
     from grpo.errors import quoted
+    from grpo.limits import MAX_PROBE_SIZE, whole_in
     from grpo.evaluation.run_dir import RUN_CONFIG
     from grpo.pool import load_pool
     from grpo.yaml_config import ConfigError
@@ -211,8 +223,13 @@ def remeasure_checkpoints(run: RunDir, default: Callable[[str], Any], *, probe_s
     try:  # values read back from the run's config are checked where they are read
         settings = ProbeSettings.of(lambda name: config.get(name, default(name)))
         size = probe_size or config.get("probe_size", default("probe_size"))
-        if not (isinstance(size, int) and not isinstance(size, bool) and size >= 1):
-            raise ConfigError(f"probe_size = {quoted(size)} is not an integer >= 1")
+        if not whole_in(size, 1, MAX_PROBE_SIZE):
+            raise ConfigError(f"probe_size = {quoted(size)} is not an integer >= 1 (at most {MAX_PROBE_SIZE:,})")
+        if not isinstance(probe_set, str):
+            raise ConfigError(f"probe_set = {quoted(probe_set)} is not a pool name or path")
+        floor = config.get("tpf_floor")
+        if floor is not None and (isinstance(floor, bool) or not isinstance(floor, (int, float))):
+            raise ConfigError(f"tpf_floor = {quoted(floor)} is not a number")
         if include_initial and not isinstance(config.get("model", ""), str):
             raise ConfigError(f"model = {quoted(config['model'])} is not a checkpoint name")
     except ConfigError as err:

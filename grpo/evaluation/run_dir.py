@@ -45,10 +45,10 @@ _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 
 
 def _write_jsonl(path: Path, records: Iterable[dict]) -> None:
-    """Replace `path` whole (a reader never sees half a file)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-    tmp.replace(path)
+    """Replace `path` whole (a reader never sees half a file; the temporary name is unique: `grpo.outputs`)."""
+    from grpo.outputs import atomic_write
+
+    atomic_write(path, "".join(json.dumps(r) + "\n" for r in records))
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -62,6 +62,9 @@ def _read_jsonl(path: Path) -> list[dict]:
     for number, record, problem in read_lines(path, "run file"):
         if problem is None and not isinstance(record, dict):
             problem = "not a JSON object"
+        elif problem is None and "step" in record and (isinstance(record["step"], bool)
+                                                        or not isinstance(record["step"], int)):
+            problem = f"step {record['step']!r} is not an integer"
         if problem:
             raise ConfigError(f"{path} is damaged: line {number}: {problem}")
         records.append(record)
@@ -94,8 +97,10 @@ class RunDir:
 
     # --- config and wall time ---
     def write_config(self, config_json: str) -> None:
+        from grpo.outputs import atomic_write
+
         self.path.mkdir(parents=True, exist_ok=True)
-        self.file(RUN_CONFIG).write_text(config_json)
+        atomic_write(self.file(RUN_CONFIG), config_json)
 
     def read_config(self) -> dict[str, Any]:
         """The run's config, or {} for a folder without one; a `ConfigError` naming a damaged one."""
@@ -105,7 +110,9 @@ class RunDir:
         return read_json_object(path, ConfigError) if path.is_file() else {}
 
     def write_wall_time(self, split: dict[str, float]) -> None:
-        self.file(WALL_TIME).write_text(json.dumps(split, indent=2) + "\n")
+        from grpo.outputs import atomic_write
+
+        atomic_write(self.file(WALL_TIME), json.dumps(split, indent=2) + "\n")
 
     # --- the log history ---
     def write_metrics(self, history: list[dict], written: int) -> int:
@@ -147,7 +154,9 @@ class RunDir:
 
     # --- the final model ---
     def write_model_card(self, text: str) -> None:
-        self.file(MODEL_CARD).write_text(text)
+        from grpo.outputs import atomic_write
+
+        atomic_write(self.file(MODEL_CARD), text)
 
     # --- checkpoints ---
     def checkpoints(self) -> list[tuple[int, Path]]:

@@ -86,6 +86,15 @@ class JointConfig:
             raise ConfigError("ar_steps and joint_steps must be >= 0 and not both 0")
         if self.stop_at_step < 0 or self.stop_at_step > self.ar_steps + self.joint_steps:
             raise ConfigError(f"stop_at_step must be in [0, ar_steps + joint_steps], got {self.stop_at_step}")
+        for name in ("learning_rate", "min_lr_ratio", "weight_decay", "grad_clip", "ar_loss_weight"):
+            if not 0 <= getattr(self, name) < math.inf or (name == "learning_rate" and not self.learning_rate):
+                raise ConfigError(f"{name} must be a finite number {'> 0' if name == 'learning_rate' else '>= 0'}, "
+                                  f"got {getattr(self, name)}", setting=name)
+        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
+                     "max_position_embeddings", "max_target_tokens"):
+            if not 1 <= getattr(self, name) <= 1 << 20:
+                raise ConfigError(f"{name} must be an integer in [1, {1 << 20:,}], got {getattr(self, name)}",
+                                  setting=name)
         if self.head_dim * self.num_heads != self.hidden_size and self.model is None:
             logger.info("head_dim * num_heads (%d) differs from hidden_size (%d)",
                         self.head_dim * self.num_heads, self.hidden_size)
@@ -165,9 +174,9 @@ def tokenize_rows(rows, tokenizer, max_target_tokens: int,
     prompts = tokenizer(list(rows["prompt"])).input_ids
     if targets is None:
         targets = tokenizer(list(rows["target"]), add_special_tokens=False).input_ids
-    pairs = [(p, t) for p, t in zip(prompts, targets) if t is not None and len(t) <= max_target_tokens]
-    if not pairs:
-        raise ValueError(f"no training row has a target of <= {max_target_tokens} tokens")
+    pairs = [(p, t) for p, t in zip(prompts, targets) if t is not None and 1 <= len(t) <= max_target_tokens]
+    if not pairs:  # a row without target tokens gives the drafter nothing to learn
+        raise ConfigError(f"no training row has a target of 1 to {max_target_tokens} tokens (max_target_tokens)")
     return pairs
 
 

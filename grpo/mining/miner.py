@@ -28,6 +28,7 @@ from grpo.mining.report import write_report
 from grpo.rollouts.sampling import INDEX, HfSampler, VllmSampler
 from grpo.mining.selection import PREFER, STAT_COLUMNS, RankRule, prompt_stats, select
 from grpo.mining.store import MiningError, MiningStore, check_manifest, pool_fingerprint
+from grpo.limits import MAX_NEW_TOKENS, MAX_SEED
 from grpo.outputs import atomic_write, output_folder, set_aside, temporary
 from grpo.crop_size import image_long_side_field, long_side, with_long_side
 from grpo.yaml_config import Fields
@@ -113,6 +114,11 @@ class MineConfig(RewardFields):
                               f"engine call is over {MAX_ROLLOUTS_PER_CALL:,}; lower chunk_size", setting="chunk_size")
         if self.max_completion_length < 1 or self.chunk_size < 1:
             raise MiningError("max_completion_length and chunk_size must be >= 1")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise MiningError(f"seed must be an integer in [0, {MAX_SEED}], got {self.seed}", setting="seed")
+        if self.max_completion_length > MAX_NEW_TOKENS:
+            raise MiningError(f"max_completion_length must be at most {MAX_NEW_TOKENS:,}, got "
+                              f"{self.max_completion_length}", setting="max_completion_length")
         if self.keep is not None and self.keep < 1:
             raise MiningError(f"keep={self.keep} must be >= 1 (or None to keep all)", setting="keep")
         if self.prefer not in PREFER:
@@ -255,7 +261,7 @@ def assemble(ds, records: dict[int, dict], run: MiningStore, rank: RankRule, min
     out_ds = concatenate_datasets([ds.select([position[i] for i in kept]), stats], axis=1)
 
     run.work.mkdir(parents=True, exist_ok=True)
-    staged = temporary(run.work / "dataset")
+    staged = temporary(run.work / "dataset", folder=True)
     shutil.rmtree(staged, ignore_errors=True)
     out_ds.save_to_disk(str(staged), num_shards=None if len(out_ds) else 1)  # 0 shards would not load
     summary = write_report(list(records.values()), kept, min_std, run.report)

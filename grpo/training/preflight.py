@@ -30,7 +30,6 @@ from grpo.yaml_config import ConfigError
 
 RUN_STAMP = "gravity-grpo train"  # the marker a run folder carries (grpo.outputs.mark)
 RAW_OUTPUT_KEYS = ("output_dir", "pool", "probe_set", "model", "report_to")  # what the output check reads
-UNWRITABLE_ROOTS = (Path("/proc"), Path("/sys"), Path("/dev"))  # the kernel's files, not a place for a run
 
 
 def build_as_launched(values: dict[str, Any], num_processes: int, local_hardware: bool, source: str = "config",
@@ -126,19 +125,6 @@ def check_alignment(cfg: Any, found: Any, pool: Any, report: PreflightReport) ->
         report.problems.append(f"model {found.source.folder}: {err}")
 
 
-def check_writable(folder: Path) -> None:
-    """The run folder can be made and written here: not under the kernel's `/proc`, `/sys` or `/dev`, and its
-    nearest existing parent a folder this user may write into. Raises a `ConfigError` naming it."""
-    where = folder.absolute()
-    if any(where == root or root in where.parents for root in UNWRITABLE_ROOTS):
-        raise ConfigError(f"output_dir {folder} lies under {where.parts[0]}{where.parts[1]}, the kernel's files; "
-                          "choose a folder on disk", setting="output_dir")
-    existing = next(p for p in (where, *where.parents) if p.exists() or p.is_symlink())
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"output_dir {folder}: {existing} is not a folder this user can write into; choose "
-                          "another output_dir", setting="output_dir")
-
-
 def is_own_run(folder: Path) -> bool:
     """True when `folder` is a run folder `train` wrote: its marker, or (runs from before the marker) a
     `run_config.json` that parses to a config naming its `output_dir`."""
@@ -157,7 +143,6 @@ def check_output_dir(cfg: Any, resume: str | bool | None = None, overwrite: bool
     """The run folder (`grpo.outputs.output_folder`): not a file, a link, an input or inside one, a dataset or
     a checkpoint; an existing non-empty folder only to `resume` it or, when it is a run of ours, to
     `overwrite` it; a checkpoint to resume from that exists. Raises a `UserError` naming the problem."""
-    from grpo.evaluation.run_dir import RunDir
     from grpo.outputs import output_folder
 
     if resume and overwrite:
@@ -173,13 +158,9 @@ def check_output_dir(cfg: Any, resume: str | bool | None = None, overwrite: bool
                         is_own=is_own_run if judged else (lambda folder: True),
                         inputs=[cfg.pool, cfg.probe_set, cfg.model], overwrite=overwrite if judged else None,
                         setting="output_dir")
-    check_writable(out)
-    if isinstance(resume, str):
-        if not Path(resume).is_dir():
-            raise ConfigError(f"resume: no checkpoint folder {resume}", setting="resume")
-    elif resume and not RunDir(out).checkpoints():
-        raise ConfigError(f"resume: output_dir {cfg.output_dir} holds no checkpoint-N folder to resume from",
-                          setting="resume")
+    from grpo.training.checkpoints import resume_point
+
+    resume_point(out, resume)  # the last complete checkpoint, as the run picks it
 
 
 def check_outputs(cfg: Any, report: PreflightReport, resume: str | bool | None = None,

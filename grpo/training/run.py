@@ -218,7 +218,9 @@ def _train(config: GravityGRPOConfig, resume: str | bool | None, pools: dict, re
         mark(run.path, RUN_STAMP)
         run.write_config(config.to_json_string())
     mark_stage("training (DeepSpeed or DDP set-up, then the steps)")
-    trainer.train(resume_from_checkpoint=resume)
+    from grpo.training.checkpoints import resume_point
+
+    trainer.train(resume_from_checkpoint=resume_point(config.output_dir, resume))
     history = trainer.state.log_history
     split = trainer.phase_seconds
     curves = {"reward": reward_points(history)}

@@ -183,15 +183,28 @@ class GravityGRPOTrainer(GRPOTrainer):
         with self.timed("step"):
             return super().training_step(model, inputs, num_items_in_batch)
 
+    save_root: str | None = None  # where a checkpoint is being written (grpo.training.checkpoints.save_aside)
+
+    def _get_output_dir(self, trial):
+        return self.save_root or super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model, trial):
+        from grpo.training.checkpoints import save_aside
+
+        save_aside(self, lambda: super(GravityGRPOTrainer, self)._save_checkpoint(model, trial))
+
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         super().save_model(output_dir, _internal_call)
         if self.args.should_save:
             from grpo.checkpoint import copy_metadata
             from grpo.evaluation.run_dir import settle_modes
+            from grpo.training.checkpoints import inside_save
 
             if self.model_source is not None:
                 copy_metadata(self.model_source, output_dir or self.args.output_dir)
             settle_modes(output_dir or self.args.output_dir)
+            if self.save_root:
+                inside_save(output_dir)
 
     def create_model_card(self, *args: Any, **kwargs: Any) -> None:
         """No card per checkpoint: TRL's names no source and shows a generic example; `grpo.training.run` writes
