@@ -322,6 +322,7 @@ def _check_shapes(folder: Path, config: Any, vlm: bool) -> None:
     before any loader fills the gap with random weights. Names that only one side has (renamed on load) are not
     compared."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.modeling_utils import set_zero3_state
 
     saved: dict[str, list[int]] = {}
     for path in sorted(folder.glob("*.safetensors")):
@@ -332,7 +333,7 @@ def _check_shapes(folder: Path, config: Any, vlm: bool) -> None:
         return
     auto = AutoModelForImageTextToText if vlm else AutoModelForCausalLM
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), set_zero3_state():  # no ZeRO-3 partitioning of the meta model under DeepSpeed
             expected = {name: list(t.shape) for name, t in auto.from_config(config).state_dict().items()}
     except (ValueError, KeyError, TypeError, RuntimeError, AttributeError) as err:
         raise CheckpointError(f"{folder / 'config.json'}: describes no model this transformers can build "
