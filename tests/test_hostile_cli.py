@@ -1101,7 +1101,9 @@ def test_resume_needs_a_complete_checkpoint(here, capsys):
         _refused_untouched(capsys, here, ["train", "--config", RECIPE, "--dry-run", "--out", "run", *extra], culprit)
 
 
-def test_a_failed_arm_names_the_arm_and_its_log(here, capsys):
+def test_a_failed_arm_names_the_arm_and_its_log(here, capsys, monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)  # what an in-process engine of an earlier test may have left
     (here / "bad.yaml").write_text(f"extends: {RECIPE}\npool: missing.jsonl\n")
     message = refused(capsys, ["compare", "--arm", "a", "bad.yaml", "--arm", "b", RECIPE, "--seeds", "0", "--out",
                                "cmp"], "arm a seed 0: training failed (exit 2): the run would not start",

@@ -116,6 +116,7 @@ def _server_generation(url: str, processor, logprobs: int | None = None):
     from trl.generation.vllm_client import VLLMClient
     from trl.generation.vllm_generation import VLLMGeneration
 
+    PartialState._reset_state()  # an engine test earlier in this process may have left a destroyed process group
     gen = VLLMGeneration.__new__(VLLMGeneration)
     settings = dict(mode="server", accelerator=PartialState(cpu=True), processing_class=processor,
                     vllm_client=VLLMClient(base_url=url), temperature=0.0, top_p=1.0, top_k=0, min_p=None,
