@@ -25,7 +25,7 @@ from trl import GRPOConfig, ModelConfig
 from grpo.training.drafter_loss import DRAFTER_COMPLETIONS, DRAFTER_TARGETS
 from grpo.crop_size import image_long_side_field, long_side
 from grpo.errors import quoted
-from grpo.limits import MAX_BATCH, MAX_NEW_TOKENS, MAX_PROBE_SIZE, MAX_SAMPLES, MAX_SEED
+from grpo.limits import MAX_BATCH, MAX_NEW_TOKENS, MAX_NUM_GENERATIONS, MAX_PROBE_SIZE, MAX_SAMPLES, MAX_SEED
 from grpo.yaml_config import ConfigError, Fields, read_recipe
 from ocr_rewards.postprocess import POSTPROCESS_MODES
 from ocr_rewards.settings import RewardFields
@@ -40,7 +40,6 @@ UNUSED_MODEL_FIELDS = frozenset({"model_name_or_path", "model_revision", "dtype"
 # Upper bounds of the counts and caps (with those of `grpo.limits`, which the commands that read a run's config
 # back share): past them a value is a typo, and some would make the checks or the run loop without end.
 MAX_STEPS = 10_000_000  # optimizer steps (and step intervals): the paper's runs take hundreds
-MAX_NUM_GENERATIONS = 1024  # completions per prompt: recipes use 8 to 64; more is a typo, not a group
 MAX_TRAIN_BATCH = 65_536  # completions held at once per process or generation (texts, logits' rows, rewards)
 MAX_CONTEXT = 1_048_576  # positions of a context, in tokens
 MAX_THREADS = 4096  # torch threads
