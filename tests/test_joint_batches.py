@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from grpo.joint.train import JointConfig, _batch
+from grpo.joint.train import JointConfig, _batch, curriculum_pools
 from grpo.yaml_config import ConfigError
 
 
@@ -32,3 +32,17 @@ def test_the_default_draws_as_before():
 def test_negative_buckets_are_refused():
     with pytest.raises(ConfigError, match="length_buckets must be >= 0"):
         JointConfig(length_buckets=-1)
+
+
+def test_the_curriculum_draws_short_rows_first_then_all():
+    """`curriculum: [a, b]`: the first a steps draw rows of one line, the next b rows of at most two, then all;
+    a phase with no row to draw is refused by name, and so are step counts past the run."""
+    pairs = ["one", "two", "five", "one'"]
+    pools = curriculum_pools(pairs, [1, 2, 5, 1], [3, 2])
+    drawn = [next(p for end, p in pools if step < end) for step in range(7)]
+    assert drawn == [["one", "one'"]] * 3 + [["one", "two", "one'"]] * 2 + [pairs] * 2
+    with pytest.raises(ConfigError, match="curriculum: no training row has at most 1 lines"):
+        curriculum_pools(pairs, [2, 2, 5, 3], [1])
+    assert curriculum_pools(pairs, [2, 2, 5, 3], [0, 1])[-1] == (float("inf"), pairs)
+    with pytest.raises(ConfigError, match="curriculum must be step counts"):
+        JointConfig(ar_steps=5, joint_steps=0, curriculum=[4, 2])

@@ -256,10 +256,40 @@ def test_tokenizer_loads_with_autotokenizer(tokenizer, tmp_path):
 
 
 def test_vlm_rows_carry_rendered_images_and_bare_prompts():
+    """Every crop is the grid's width, one cell row per line (a long line wrapped), and its cells show what the
+    serialization holds: one glyph per character, blank where it has a space, grey where a blot hides it."""
+    from grpo.synthetic.crops import BLOT
+    from grpo.synthetic.render import CELL, COLUMNS
+
     ds = build_image_split("tiny-probe", 6)
+    sources = [row["prompt"].split("\n", 1)[1] for row in generate("tiny-probe", 6)]
     assert set(ds.column_names) == {"prompt", "target", "task_type", "image"}
-    for row in ds:
+    for row, source in zip(ds, sources):
         assert row["prompt"] == TASK_PROMPTS[row["task_type"]]
-        image = row["image"]
-        assert image.mode == "RGB" and image.width > 20 and image.height > 20
-        assert image.convert("L").getextrema()[0] < 128      # something dark was drawn
+        image = row["image"].convert("L")
+        assert image.width == COLUMNS * CELL and image.height % CELL == 0
+        if row["task_type"] != "table":
+            lines = source.split("\n")
+            assert image.height // CELL == sum(max(1, -(-len(line) // COLUMNS)) for line in lines)
+            first = lines[0][:COLUMNS]
+            for c, char in enumerate(first):
+                low, high = image.crop((c * CELL, 0, (c + 1) * CELL, CELL)).getextrema()
+                if char == " ":
+                    assert low == 255
+                elif char == BLOT:
+                    assert low == high < 200          # one flat grey: nothing under it can be read
+                else:
+                    assert low < 128                  # a glyph drawn in its own cell
+            assert image.crop((len(first) * CELL, 0, COLUMNS * CELL, CELL)).getextrema()[0] == 255 or len(first) == COLUMNS
+
+
+def test_rendered_glyphs_differ_and_come_from_an_installed_font():
+    """Each printable character the tiny world writes has a cell of its own look, drawn from the font file that
+    ships inside matplotlib (no system font)."""
+    import string
+
+    from grpo.synthetic import render
+
+    cells = {render._glyph(char).tobytes() for char in string.printable if char.isprintable() and char != " "}
+    assert len(cells) == len([c for c in string.printable if c.isprintable() and c != " "])
+    assert "matplotlib" in render._font().path

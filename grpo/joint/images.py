@@ -17,12 +17,14 @@ from grpo.prompting import IMAGE_INPUTS
 
 @dataclass(frozen=True)
 class ImageRow:
-    """One encoded image row: prompt ids, target ids, M-RoPE prompt positions (3, P), image inputs."""
+    """One encoded image row: prompt ids, target ids, M-RoPE prompt positions (3, P), image inputs, and the crop's
+    lines (its rows of merged image tokens)."""
 
     prompt_ids: list[int]
     target_ids: list[int]
     positions: torch.Tensor
     images: dict[str, torch.Tensor]
+    lines: int
 
 
 def encode_image_rows(rows, model, processor, max_target_tokens: int,
@@ -46,8 +48,9 @@ def encode_image_rows(rows, model, processor, max_target_tokens: int,
             raise PoolError(pool, f"row {index}: {err}") from err
         with torch.no_grad():
             positions, _ = prompt_positions(rope, inputs)
+        lines = int(inputs["image_grid_thw"][0, 1]) // processor.image_processor.merge_size
         encoded.append(ImageRow(inputs["input_ids"][0].tolist(), target, positions[:, 0],
-                                {key: inputs[key] for key in IMAGE_INPUTS}))
+                                {key: inputs[key] for key in IMAGE_INPUTS}, lines))
     if not encoded:
         raise ValueError(f"no training row has a target of <= {max_target_tokens} tokens")
     return encoded

@@ -43,6 +43,9 @@ class JointConfig:
     bd_size: int = field(default=16, metadata={"help": "block size B (drafting window)"})
     ar_loss_weight: float = field(default=1.0, metadata={"help": "w in (L_diff + w L_AR) / (1 + w)"})
     ar_steps: int = field(default=0, metadata={"help": "AR-only warm-up steps before the joint stage"})
+    curriculum: list[int] = field(default_factory=list, metadata={
+        "help": "steps on rows of at most 1, 2, ... lines, in turn, from the first step on; then every row (a "
+                "crop's lines are its rows of merged image tokens, a text row's its target lines; docs/joint.md)"})
     joint_steps: int = field(default=1000, metadata={"help": "joint AR + diffusion steps"})
     batch_size: int = field(default=16, metadata={"help": "examples per step"})
     length_buckets: int = field(default=0, metadata={
@@ -84,6 +87,10 @@ class JointConfig:
             raise ConfigError(f"ar_loss_weight must be >= 0, got {self.ar_loss_weight}")
         if self.ar_steps < 0 or self.joint_steps < 0 or self.ar_steps + self.joint_steps == 0:
             raise ConfigError("ar_steps and joint_steps must be >= 0 and not both 0")
+        if any(not isinstance(n, int) or n < 0 for n in self.curriculum) or sum(self.curriculum) > \
+                self.ar_steps + self.joint_steps:
+            raise ConfigError(f"curriculum must be step counts >= 0 that add up to at most ar_steps + joint_steps, "
+                              f"got {self.curriculum}", setting="curriculum")
         if self.stop_at_step < 0 or self.stop_at_step > self.ar_steps + self.joint_steps:
             raise ConfigError(f"stop_at_step must be in [0, ar_steps + joint_steps], got {self.stop_at_step}")
         for name in ("learning_rate", "min_lr_ratio", "weight_decay", "grad_clip", "ar_loss_weight"):
@@ -211,6 +218,19 @@ def _example(prompt_ids, target_ids, image_row, cfg: JointConfig, mask_id: int, 
     return example if image_row is None else {**example, **image_row.images}
 
 
+def curriculum_pools(pairs: list, lines: list[int], curriculum: list[int]) -> list[tuple[float, list]]:
+    """(first step after it, pairs drawn from) per phase of `curriculum` (steps on rows of at most 1, 2, ...
+    `lines`, in turn), then every pair to the end."""
+    pools, end = [], 0
+    for limit, steps in enumerate(curriculum, start=1):
+        within = [pair for pair, n in zip(pairs, lines) if n <= limit]
+        if steps and not within:
+            raise ConfigError(f"curriculum: no training row has at most {limit} lines", setting="curriculum")
+        end += steps
+        pools.append((end, within))
+    return pools + [(math.inf, pairs)]
+
+
 def _batch(pairs: list, cfg: JointConfig, rng: random.Random) -> list:
     """`cfg.batch_size` random pairs; with `length_buckets` (pairs sorted by length) from one random window of
     that many batches' worth of neighbours."""
@@ -254,6 +274,8 @@ def train_joint(cfg: JointConfig, progress: bool = True) -> Path:
         pairs = [(*pair, None) for pair in tokenize_rows(rows, tokenizer, cfg.max_target_tokens, targets)]
     if cfg.length_buckets:
         pairs.sort(key=lambda pair: len(pair[0]) + len(pair[1]))
+    lines = [row.lines if row is not None else tokenizer.decode(target).count("\n") + 1 for _, target, row in pairs]
+    pools = curriculum_pools(pairs, lines, cfg.curriculum)
     n_params = sum(p.numel() for p in model.parameters())
     logger.info("joint training: %d params, %d rows, B=%d, mask id %d", n_params, len(pairs), cfg.bd_size, mask_id)
     rng = random.Random(cfg.seed)
@@ -271,7 +293,7 @@ def train_joint(cfg: JointConfig, progress: bool = True) -> Path:
             for group in opt.param_groups:
                 group["lr"] = cfg.learning_rate * _lr_factor(step, steps, cfg.warmup_steps, cfg.min_lr_ratio)
             examples = [_example(*pair, cfg, mask_id, tokenizer.eos_token_id, gen, stage == "ar")
-                        for pair in _batch(pairs, cfg, rng)]
+                        for pair in _batch(next(p for end, p in pools if done < end), cfg, rng)]
             l_ar, l_diff = joint_losses(model, collate(examples, tokenizer.pad_token_id))
             loss = combine(l_ar, l_diff, cfg.ar_loss_weight)
             opt.zero_grad(set_to_none=True)

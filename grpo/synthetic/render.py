@@ -1,76 +1,106 @@
-"""PIL renderings of synthetic crops for vision-language policies (PIL's built-in font, nothing downloaded).
+"""The tiny world's crops for vision-language policies: every character in its own cell of a fixed grid.
 
-Text and formulas are drawn as their lines (a blot as a dark box); a table as a borderless grid of its
-serialized lines (span marks `{rN}`/`{cN}` widen or lengthen the cell), so a wrapped label reads as a line
-of its own, as in the serialization.
+A cell is `CELL` x `CELL` pixels, one merged image token of the tiny GLM-OCR (patch 4, merge 2), and holds one
+glyph of DejaVu Sans Mono, the monospaced font file that ships inside matplotlib's wheel (no system font, nothing
+downloaded). A blot is a grey cell: what it hides cannot be read. Every crop is `COLUMNS` cells wide, so the
+decoder's offset between an output position and an image column is the same on every crop of a task (text
+positions after an image start at its larger side); the height is one cell row per line. A line longer than the
+canvas (a long formula) goes on in the next row.
+
+Text and formulas are drawn as their lines. A table is a borderless grid of its serialized lines: each column as
+wide as its longest cell plus `_GAP` cells, span marks `{rN}`/`{cN}` lengthening or widening the cell, so a
+wrapped label reads as a line of its own, as in the serialization. These are the tiny world's crops only: a
+user's own crops are read as they are (`grpo.crop_size`).
 
 Example:
-    >>> build_image_split("tiny-probe", 2)[0]["image"].mode
-    'RGB'
+    >>> render_row({"prompt": "Text Recognition:\\nNorth river", "target": "North river", "task_type": "text"}).size
+    (576, 8)
 """
 from __future__ import annotations
 
+import functools
 import re
+from importlib import resources
 
 from PIL import Image, ImageDraw, ImageFont
 
 from grpo.synthetic.crops import BLOT
 from grpo.synthetic.splits import generate
 
-_PAD, _LINE_H, _CHAR_W, _CELL_W = 6, 16, 7, 90
+CELL = 8          # pixels per character cell, both ways: one merged image token
+COLUMNS = 72      # cells per row of every crop (the tiny world's longest text line is 67 characters)
+_GAP = 2          # empty cells after each table column
 _SPAN = re.compile(r"^((?:\{[rc]\d\})*)(.*)$", re.S)
-_RUNS = re.compile(f"{BLOT}+|[^{BLOT}]+")
 
 
-def _font():
-    return ImageFont.load_default()
+@functools.lru_cache(maxsize=1)
+def _font() -> ImageFont.FreeTypeFont:
+    path = resources.files("matplotlib") / "mpl-data" / "fonts" / "ttf" / "DejaVuSansMono.ttf"
+    return ImageFont.truetype(str(path), 8)
 
 
-def _draw(draw: ImageDraw.ImageDraw, x: float, y: float, text: str) -> None:
-    """`text` at (x, y), each run of blots as a dark box (the smudge hides what is under it)."""
-    for run in _RUNS.findall(text):
-        if run[0] == BLOT:
-            width = len(run) * _CHAR_W
-            draw.rectangle((x, y, x + width, y + _LINE_H - 4), fill="dimgray")
-        else:
-            draw.text((x, y), run, fill="black", font=_font())
-            width = draw.textlength(run, font=_font())
-        x += width
+@functools.lru_cache(maxsize=256)
+def _glyph(char: str) -> Image.Image:
+    """One cell with `char` drawn in it (grey for a blot), as a greyscale mask."""
+    cell = Image.new("L", (CELL, CELL), 255)
+    draw = ImageDraw.Draw(cell)
+    if char == BLOT:
+        draw.rectangle((0, 0, CELL - 1, CELL - 1), fill=110)
+    elif char != " ":
+        draw.text((CELL // 2, CELL - 2), char, fill=0, font=_font(), anchor="ms")  # descenders in the last 2 rows
+    return cell
+
+
+def _grid(cells: list[tuple[int, int, str]], rows: int) -> Image.Image:
+    """A white canvas `COLUMNS` cells wide and `rows` high with text placed at (row, column) and wrapped at the
+    right edge."""
+    image = Image.new("L", (COLUMNS * CELL, rows * CELL), 255)
+    for row, column, text in cells:
+        for i, char in enumerate(text):
+            r, c = divmod(column + i, COLUMNS)
+            image.paste(_glyph(char), (c * CELL, (row + r) * CELL))
+    return image.convert("RGB")
+
+
+def _wrapped_rows(length: int) -> int:
+    return max(1, -(-length // COLUMNS))
 
 
 def _render_lines(lines: list[str]) -> Image.Image:
-    width = max(len(line) for line in lines) * _CHAR_W + 2 * _PAD
-    image = Image.new("RGB", (max(width, 32), len(lines) * _LINE_H + 2 * _PAD), "white")
-    draw = ImageDraw.Draw(image)
-    for i, line in enumerate(lines):
-        _draw(draw, _PAD, _PAD + i * _LINE_H, line)
-    return image
+    cells, row = [], 0
+    for line in lines:
+        cells.append((row, 0, line))
+        row += _wrapped_rows(len(line))
+    return _grid(cells, row)
 
 
 def _render_table(rows: list[str]) -> Image.Image:
     parsed = []
-    for row in rows:
+    for line in rows:
         cells = []
-        for cell in row.split("|"):
-            marks, text = _SPAN.match(cell).groups()
+        for raw in line.split("|"):
+            marks, text = _SPAN.match(raw).groups()
             rowspan = int(m.group(1)) if (m := re.search(r"\{r(\d)\}", marks)) else 1
             colspan = int(m.group(1)) if (m := re.search(r"\{c(\d)\}", marks)) else 1
             cells.append((text, rowspan, colspan))
         parsed.append(cells)
-    n_cols = max(sum(c for _, _, c in row) for row in parsed)
-    image = Image.new("RGB", (n_cols * _CELL_W + 2 * _PAD, len(parsed) * 2 * _LINE_H + 2 * _PAD), "white")
-    draw = ImageDraw.Draw(image)
-    occupied: set[tuple[int, int]] = set()
+    placed, occupied = [], set()   # (row, first column, colspan, text)
     for r, row in enumerate(parsed):
         c = 0
         for text, rowspan, colspan in row:
             while (r, c) in occupied:
                 c += 1
             occupied.update((r + dr, c + dc) for dr in range(rowspan) for dc in range(colspan))
-            x0, y0 = _PAD + c * _CELL_W, _PAD + r * 2 * _LINE_H
-            _draw(draw, x0 + 4, y0 + _LINE_H // 2, text)
+            placed.append((r, c, colspan, text))
             c += colspan
-    return image
+    n_cols = max(c for _, c in occupied) + 1
+    width = [1] * n_cols
+    for _, c, colspan, text in sorted(placed, key=lambda p: p[2]):   # single cells first, then spans
+        short = len(text) + _GAP - sum(width[c:c + colspan])
+        if short > 0:
+            width[c + colspan - 1] += short
+    start = [sum(width[:c]) for c in range(n_cols + 1)]
+    return _grid([(r, start[c], text) for r, c, _, text in placed], len(parsed))
 
 
 def render_row(row: dict) -> Image.Image:
