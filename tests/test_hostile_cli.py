@@ -1110,3 +1110,32 @@ def test_a_fifo_among_a_checkpoints_files_is_refused_before_any_loader(here, cap
     os.mkfifo(here / "ckpt" / "model.safetensors")
     _refused_untouched(capsys, here, ["tpf", "--model", "ckpt", "--pool", "tiny-probe"],
                        "model ckpt: ckpt/model.safetensors is a FIFO, not a regular file")
+
+
+# ------------------------------------------------------------------------------------- round 5 (issue 54)
+
+def test_two_runs_into_one_new_folder_cannot_both_start(here, capsys, monkeypatch):
+    """The folder check and the first write raced: two runs started at once both passed the check, both exited
+    0, and the folder held only the second's files. The run now takes its folder atomically (its marker, made
+    with O_EXCL) before any model loads; the second run ends with exit 2 naming the folder."""
+    import grpo.training.run as training
+
+    inner = {}
+
+    def first_run(config, resume, pools, recipe):  # the first run, still starting when the second one comes
+        if not inner:
+            inner["code"] = main(["train", "--config", RECIPE, "--out", "run"])
+            inner["err"] = capsys.readouterr().err
+        return {"main_process": False, "stopped_at": None}
+
+    monkeypatch.setattr(training, "_train", first_run)
+    assert main(["train", "--config", RECIPE, "--out", "run"]) == 0
+    assert inner["code"] == 2 and "output_dir run" in inner["err"], inner
+    assert "Traceback" not in inner["err"]
+
+    def failing(config, resume, pools, recipe):
+        raise UserError("the engine would not start")
+
+    monkeypatch.setattr(training, "_train", failing)
+    refused(capsys, ["train", "--config", RECIPE, "--out", "other"], "the engine would not start")
+    assert not (here / "other").exists()  # a run that wrote nothing gives its folder back
