@@ -185,14 +185,14 @@ def locate(spec: str | Path) -> ModelSource:
     check_tree_readable(path, f"model {text}")  # a FIFO among its files would hang the loaders
     if not (path / "config.json").is_file():
         if (path / ADAPTER_CONFIG).is_file():
-            _check_weights(path)
+            check_weights(path)
             source = ModelSource(text, path, base=_lora_base(path).model_dir, hub=hub)
             _refuse_looped(source)
             return source
         hint = f" (the built-in names: {', '.join(MODELS)})" if text in MODELS else ""
         raise CheckpointError(f"model {text!r}: no Hugging Face checkpoint at {path} (config.json missing){hint}")
     _check_config(path / "config.json")  # a damaged one is named before any loader reads it
-    _check_weights(path)
+    check_weights(path)
     source = ModelSource(text, path, hub=hub)
     _refuse_looped(source)
     return source
@@ -232,7 +232,7 @@ def _check_config(path: Path) -> None:
         raise CheckpointError(f"{path}: field {bad!r} is not a finite number (NaN or infinity)")
 
 
-def _check_weights(folder: Path) -> None:
+def check_weights(folder: Path) -> None:
     """Every `*.safetensors` file in `folder` whole: its header parses and its tensors end where the file does
     (a truncated download or copy is named before a loader fails on it)."""
     for path in sorted(folder.glob("*.safetensors")):

@@ -100,6 +100,32 @@ def mark(folder: Path, stamp: str) -> None:
     atomic_write(folder / MARKER, json.dumps({"written_by": stamp}) + "\n")
 
 
+@contextlib.contextmanager
+def claimed(folder: Path, stamp: str, name: str = "output_dir"):
+    """Make the checked, new or empty `folder` this command's for the block: its `MARKER` is created with
+    O_EXCL, so of two commands that checked the same folder at once only the first goes on; the second gets a
+    `UserError` naming the folder. A block that fails before writing anything else gives the folder back
+    (the marker removed, and the folder too when this claim created it)."""
+    folder = Path(folder)
+    made = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        handle = os.open(folder / MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, plain_mode())
+    except FileExistsError:
+        raise UserError(f"{name} {folder} was taken by another run that started meanwhile; it is left to that "
+                        "run (choose another folder)") from None
+    with os.fdopen(handle, "w") as f:
+        f.write(json.dumps({"written_by": stamp}) + "\n")
+    try:
+        yield folder
+    except BaseException:
+        if [p.name for p in folder.iterdir()] == [MARKER]:
+            (folder / MARKER).unlink()
+            if made:
+                folder.rmdir()
+        raise
+
+
 def publish(tmp: Path, path: Path, replace: bool | str) -> None:
     """Move the complete file `tmp` to `path`. `replace` True: whatever is there goes (a file inside the
     command's own folder); False: only a new name is taken (a file that appeared since the check is kept, and

@@ -1110,3 +1110,86 @@ def test_a_fifo_among_a_checkpoints_files_is_refused_before_any_loader(here, cap
     os.mkfifo(here / "ckpt" / "model.safetensors")
     _refused_untouched(capsys, here, ["tpf", "--model", "ckpt", "--pool", "tiny-probe"],
                        "model ckpt: ckpt/model.safetensors is a FIFO, not a regular file")
+
+
+# ------------------------------------------------------------------------------------- round 5 (issue 54)
+
+def test_two_runs_into_one_new_folder_cannot_both_start(here, capsys, monkeypatch):
+    """The folder check and the first write raced: two runs started at once both passed the check, both exited
+    0, and the folder held only the second's files. The run now takes its folder atomically (its marker, made
+    with O_EXCL) before any model loads; the second run ends with exit 2 naming the folder."""
+    import grpo.training.run as training
+
+    inner = {}
+
+    def first_run(config, resume, pools, recipe):  # the first run, still starting when the second one comes
+        if not inner:
+            inner["code"] = main(["train", "--config", RECIPE, "--out", "run"])
+            inner["err"] = capsys.readouterr().err
+        return {"main_process": False, "stopped_at": None}
+
+    monkeypatch.setattr(training, "_train", first_run)
+    assert main(["train", "--config", RECIPE, "--out", "run"]) == 0
+    assert inner["code"] == 2 and "output_dir run" in inner["err"], inner
+    assert "Traceback" not in inner["err"]
+
+    def failing(config, resume, pools, recipe):
+        raise UserError("the engine would not start")
+
+    monkeypatch.setattr(training, "_train", failing)
+    refused(capsys, ["train", "--config", RECIPE, "--out", "other"], "the engine would not start")
+    assert not (here / "other").exists()  # a run that wrote nothing gives its folder back
+
+
+@pytest.mark.parametrize("flags, culprit", [
+    (["--set", "vllm_mode=Server"], "vllm_mode must be one of ('colocate', 'server') (as written: case counts), "
+                                    "got 'Server'"),
+    (["--set", "loss_type=ppo"], "loss_type must be one of ('dapo', 'grpo'"),
+    (["--set", "scale_rewards=Group"], "scale_rewards must be one of ('group', 'batch', 'none')"),
+    (["--set", "importance_sampling_level=seq"], "importance_sampling_level must be one of ('token', 'sequence')"),
+    (["--set", "vllm_importance_sampling_mode=token"], "vllm_importance_sampling_mode must be one of"),
+    (["--set", "vllm_self_speculation=true", "--set", "vllm_draft_length=1000"],
+     "vllm_draft_length: 1000 drafted tokens per round do not fit in the context of 384 positions"),
+])
+def test_values_trl_or_vllm_refuse_late_are_refused_by_the_dry_run(here, capsys, flags, culprit):
+    """TRL checks its word-valued fields only where it uses them (the engine's start, the first loss), and vLLM
+    a draft longer than the context 36 s into the start: the dry run said "would start", the run crashed."""
+    _refused_untouched(capsys, here, ["train", "--config", RECIPE, "--dry-run", *flags], culprit)
+
+
+def _cut_state(checkpoint: Path) -> str:
+    state = checkpoint / "trainer_state.json"
+    state.write_bytes(state.read_bytes()[:40])
+    return "trainer_state.json does not load"
+
+
+def _cut_optimizer(checkpoint: Path) -> str:
+    optimizer = checkpoint / "optimizer.pt"
+    optimizer.write_bytes(optimizer.read_bytes()[:100])
+    return "optimizer.pt is not a whole torch file"
+
+
+@pytest.mark.parametrize("damage", [_cut_state, _cut_optimizer])
+def test_a_checkpoint_is_complete_only_when_what_resume_reads_parses(here, capsys, damage):
+    """A checkpoint whose trainer state was cut short counted as complete: the dry run accepted it and the resume
+    crashed with JSONDecodeError."""
+    import shutil
+
+    import torch
+
+    from grpo.training.checkpoints import is_complete
+
+    run = _earlier_run(here / "run")
+    ckpt = run / "checkpoint-2"
+    shutil.copy(Path(TINY) / "model.safetensors", ckpt / "model.safetensors")
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 2, "log_history": [{"step": 1}] * 20}))
+    torch.save({"state": {}, "param_groups": []}, ckpt / "optimizer.pt")
+    assert is_complete(ckpt)
+    culprit = damage(ckpt)
+    assert not is_complete(ckpt)
+    for extra, message in ((["--resume"], "resume: output_dir run holds no checkpoint-N folder to resume from "
+                                          "(only incomplete ones: checkpoint-2)"),
+                           (["--resume", "run/checkpoint-2"], f"resume: run/checkpoint-2 is not a complete "
+                                                              f"checkpoint (its {culprit}" if "trainer" in culprit
+                            else f"resume: run/checkpoint-2 is not a complete checkpoint ({culprit}")):
+        _refused_untouched(capsys, here, ["train", "--config", RECIPE, "--dry-run", "--out", "run", *extra], message)

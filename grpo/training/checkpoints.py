@@ -32,10 +32,40 @@ WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "adapter_model.s
 INSIDE_SAVE: list[Callable[[Path], None]] = []  # called with the folder being written, its weights saved (tests)
 
 
-def is_complete(folder: Path) -> bool:
-    """True when `folder` holds a checkpoint TRL can resume from: its weights and its trainer state."""
+TORCH_FILES = ("optimizer.pt", "scheduler.pt", "rng_state*.pth", "pytorch_model.bin", "training_args.bin")
+
+
+def damage(folder: Path) -> str | None:
+    """Why `folder` is no checkpoint TRL can resume from, or None: a missing trainer state or weights, or a file
+    that resume reads and that does not parse (a trainer state TRL cannot load, a safetensors header that is
+    damaged, a torch file that is not a whole archive: a save cut short)."""
+    import zipfile
+
+    from transformers.trainer_callback import TrainerState
+
+    from grpo.checkpoint import CheckpointError, check_weights
+
     folder = Path(folder)
-    return (folder / STATE_FILE).is_file() and any((folder / name).is_file() for name in WEIGHTS)
+    if not (folder / STATE_FILE).is_file() or not any((folder / name).is_file() for name in WEIGHTS):
+        return f"it lacks {STATE_FILE} or the model weights"
+    try:
+        TrainerState.load_from_json(str(folder / STATE_FILE))
+    except (ValueError, TypeError, UnicodeDecodeError, RecursionError, OSError) as err:
+        return f"its {STATE_FILE} does not load ({type(err).__name__}: {str(err)[:80]})"
+    try:
+        check_weights(folder)
+    except CheckpointError as err:
+        return str(err)
+    for pattern in TORCH_FILES:
+        for path in sorted(folder.glob(pattern)):
+            if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a cut one has no directory
+                return f"{path.name} is not a whole torch file (cut short?)"
+    return None
+
+
+def is_complete(folder: Path) -> bool:
+    """True when `folder` holds a checkpoint TRL can resume from: every file resume reads is there and parses."""
+    return damage(folder) is None
 
 
 def save_aside(trainer: Any, save: Callable[[], None]) -> None:
@@ -96,9 +126,10 @@ def resume_point(output_dir: str | Path, resume: str | bool | None) -> str | Non
         folder = check_readable(resume, "resume: checkpoint folder", setting="resume")
         if not folder.is_dir():
             raise ConfigError(f"resume: no checkpoint folder {resume}", setting="resume")
-        if not is_complete(folder):
-            raise ConfigError(f"resume: {resume} is not a complete checkpoint (it lacks {STATE_FILE} or the model "
-                              "weights: an interrupted save, or no checkpoint at all)", setting="resume")
+        why = damage(folder)
+        if why:
+            raise ConfigError(f"resume: {resume} is not a complete checkpoint ({why}: an interrupted save, a "
+                              "damaged copy, or no checkpoint at all)", setting="resume")
         return str(folder)
     complete = [folder for _, folder in RunDir(output_dir).checkpoints() if is_complete(folder)]
     skipped = incomplete(output_dir)

@@ -33,6 +33,15 @@ from ocr_rewards.settings import RewardFields
 TPF_FLOOR_ACTIONS = ("warn", "stop")
 COMPARE_AR = ("always", "first", "never", "sample")
 ROLLOUT_DECODERS = ("hf", "selfspec")
+# The word-valued fields of TRL 1.16's GRPOConfig and the words its trainer compares them with (case and all):
+# TRL checks none of them where the config is built, so a typo (`vllm_mode: Server`) failed at the engine's start
+# or at the first loss. `scale_rewards` also takes true/false (TRL maps them to 'group'/'none').
+TRL_WORDS = {"vllm_mode": ("colocate", "server"), "vllm_model_impl": ("vllm", "transformers"),
+             "loss_type": ("dapo", "grpo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo", "vespo"),
+             "scale_rewards": ("group", "batch", "none", True, False),
+             "importance_sampling_level": ("token", "sequence"),
+             "multi_objective_aggregation": ("sum_then_normalize", "normalize_then_sum"),
+             "vllm_importance_sampling_mode": ("sequence_mask", "sequence_truncate", "token_mask", "token_truncate")}
 # ModelConfig fields this package does not read (`model` names the checkpoint, loaded in float32; QLoRA's
 # quantization is `grpo.training.run.qlora_quantization_config`): not config keys.
 UNUSED_MODEL_FIELDS = frozenset({"model_name_or_path", "model_revision", "dtype", "attn_implementation", "load_in_8bit",
@@ -255,11 +264,14 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
                 read()
             except ValueError as err:
                 out.append(str(err))
-        for name, valid in (("tpf_compare_ar", COMPARE_AR), ("tpf_floor_action", TPF_FLOOR_ACTIONS),
-                            ("drafter_completions", DRAFTER_COMPLETIONS), ("drafter_targets", DRAFTER_TARGETS),
-                            ("rollout_decoder", ROLLOUT_DECODERS)):
-            if getattr(self, name) not in valid:
-                out.append(f"{name} must be one of {valid}, got {quoted(getattr(self, name))}")
+        words = {"tpf_compare_ar": COMPARE_AR, "tpf_floor_action": TPF_FLOOR_ACTIONS,
+                 "drafter_completions": DRAFTER_COMPLETIONS, "drafter_targets": DRAFTER_TARGETS,
+                 "rollout_decoder": ROLLOUT_DECODERS, **TRL_WORDS}
+        for name, valid in words.items():
+            value = getattr(self, name)
+            if not any(value is v or (isinstance(v, str) and value == v) for v in valid):  # 1 is not True
+                out.append(f"{name} must be one of {tuple(v for v in valid if isinstance(v, str))} (as written: "
+                           f"case counts), got {quoted(value)}")
         if self.tpf_floor is not None and not self.probe_on:
             out.append("tpf_floor needs the TPF probe: set tpf_every > 0, or remove tpf_floor")
         if self.tpf_floor_action == "stop" and self.tpf_floor is None:

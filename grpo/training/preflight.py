@@ -101,6 +101,13 @@ def check_lengths(cfg: Any, found: Any, pools: dict[str, Any], report: Preflight
 
     limits = [n for n in (context_length(found.config),
                           cfg.vllm_max_model_length if cfg.use_vllm else None) if n is not None]
+    if cfg.vllm_self_speculation and found.bd is not None and limits:
+        from grpo.rollouts.engine_selfspec import draft_length
+
+        drafted = draft_length(found.bd.bd_size, cfg.vllm_draft_length)
+        if drafted >= min(limits):  # vLLM asserts on it once the engine has loaded
+            report.problems.append(f"vllm_draft_length: {drafted} drafted tokens per round do not fit in the "
+                                   f"context of {min(limits)} positions; draft fewer")
     for label, ds in pools.items():
         over = rows_over_context(found.processor, ds, found.is_vlm, min(limits, default=None),
                                  cfg.max_completion_length)

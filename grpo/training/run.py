@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -192,12 +192,16 @@ def run_training(config: GravityGRPOConfig, resume: str | bool | None = None, ov
     YAML recipe there). Every check runs before anything is written. Returns a summary: the trainer,
     training rewards and probe records by step, the held-out before/after change, the wall-time split,
     `stopped_at` and the files written."""
-    from grpo.outputs import set_aside
-    from grpo.training.preflight import require_runnable
+    from grpo.outputs import claimed, set_aside
+    from grpo.training.preflight import RUN_STAMP, require_runnable
 
     pools = require_runnable(config, resume=resume, overwrite=overwrite).pools
     main = config.process_index == 0
-    with set_aside(Path(config.output_dir)) if overwrite and main else nullcontext():
+    with ExitStack() as stack:
+        if overwrite and main:
+            stack.enter_context(set_aside(Path(config.output_dir)))
+        if main and not resume:  # a new run: the folder is taken atomically, so a second run started at once stops
+            stack.enter_context(claimed(Path(config.output_dir), RUN_STAMP))
         return _train(config, resume, pools, recipe)
 
 
