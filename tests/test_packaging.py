@@ -118,7 +118,8 @@ def test_one_user_error_class_for_every_layer():
 @pytest.mark.parametrize("folder, dist, package, sources, inside", [
     (".", "gravity_grpo", "grpo", ["grpo", "data", "configs", "setup.py"],
      ["grpo/pool.py", "grpo/synthetic/splits.py", "grpo/rollouts/engine.py", "grpo/data/tiny/model/model.safetensors",
-      "grpo/data/tiny/vlm/probe/state.json", "grpo/configs/tiny_cpu.yaml", "grpo/configs/accelerate/zero3.yaml"]),
+      "grpo/data/tiny/vlm/probe/state.json", "grpo/configs/tiny_cpu.yaml", "grpo/configs/accelerate/zero3.yaml",
+      "grpo/configs/tiny_mined.yaml", "grpo/data/tiny/pools/mined.jsonl", "grpo/data/tiny/pools/random.jsonl"]),
     ("rewards", "ocr_rewards", "ocr_rewards", ["ocr_rewards"], ["ocr_rewards/trl_reward.py", "ocr_rewards/cli.py"]),
 ])
 def test_each_wheel_installs_its_one_package(tmp_path, folder, dist, package, sources, inside):

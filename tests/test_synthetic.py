@@ -120,19 +120,20 @@ def test_only_tiny_noisy_is_mislabeled_at_about_its_rate(monkeypatch):
 
 
 def test_held_out_splits_share_no_true_target_or_prompt_with_training():
-    """On the full splits: no true target of the pool or the probe, and no prompt of theirs, is in a training
-    split (tiny-train keeps its old buckets, which hashed the blotted crop), nor in each other."""
+    """On the full splits: no true target of the pool, the probe or mining's candidates, and no prompt of theirs,
+    is in a training split (tiny-train keeps its old buckets, which hashed the blotted crop), nor in each other."""
     train = {name: generate(name) for name in ("tiny-train", "tiny-noisy")}
     from grpo.synthetic.splits import _candidates, _training_keys
     truth = {(e.task_type, e.target) for name in train
              for e, _ in zip(_candidates(SPLITS[name]), range(SPLITS[name].rows))}
     prompts = {r["prompt"] for rows in train.values() for r in rows}
     assert _training_keys() == frozenset(truth | prompts)
-    held = {name: generate(name) for name in ("tiny", "tiny-probe", "tiny-probe@11")}
+    held = {name: generate(name) for name in ("tiny", "tiny-probe", "tiny-probe@11", "tiny-candidates")}
     for name, rows in held.items():
         assert not {(r["task_type"], r["target"]) for r in rows} & truth, name
         assert not {r["prompt"] for r in rows} & prompts, name
-    for a, b in (("tiny", "tiny-probe"), ("tiny", "tiny-probe@11"), ("tiny-probe", "tiny-probe@11")):
+    for a, b in (("tiny", "tiny-probe"), ("tiny", "tiny-probe@11"), ("tiny-probe", "tiny-probe@11"),
+                 ("tiny-candidates", "tiny"), ("tiny-candidates", "tiny-probe"), ("tiny-candidates", "tiny-probe@11")):
         assert not {r["target"] for r in held[a]} & {r["target"] for r in held[b]}, (a, b)
         assert not {r["prompt"] for r in held[a]} & {r["prompt"] for r in held[b]}, (a, b)
 

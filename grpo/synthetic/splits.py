@@ -1,4 +1,5 @@
-"""The built-in synthetic splits (`tiny-train`, `tiny-noisy`, `tiny`, `tiny-probe`, fresh probes `tiny-probe@S`).
+"""The built-in synthetic splits (`tiny-train`, `tiny-noisy`, `tiny`, `tiny-probe`, `tiny-candidates`, fresh
+probes `tiny-probe@S`).
 
 Each row is the GLM-OCR task prompt with the serialized crop after a newline (`prompt`), the `target` and the
 `task_type`. The splits are built from hash buckets: every candidate is assigned to a bucket by a hash of its
@@ -46,6 +47,9 @@ SPLITS = {
     "tiny-noisy": Split(20000, 4, range(20, 100), LONG_TEXT, noise=0.6, training=True),
     "tiny": Split(240, 2, range(10, 20), LONG_TEXT),
     "tiny-probe": Split(60, 3, range(0, 10), LONG_TEXT),
+    # Mining's candidates (docs/mining.md): the pool's buckets and crops, another generator seed, twice `tiny`'s
+    # size; the shipped pools `tiny-mined` and `tiny-random` are each 120 of them.
+    "tiny-candidates": Split(480, 5, range(10, 20), LONG_TEXT),
 }
 # `tiny-probe@S`: the probe's recipe (size, buckets, crops) drawn with generator seed S instead of 3, without
 # tiny-probe's own rows: a fresh held-out probe, to check that a result is not tied to the one probe it was seen on.
