@@ -558,7 +558,7 @@ def _earlier_run(folder: Path) -> Path:
 
 @pytest.mark.parametrize("flags, culprit", [
     (["--learning-rate", "inf"], "learning_rate must be a finite number, got inf"),
-    (["--set", "temperature=-1"], "temperature must be a number > 0"),
+    (["--set", "temperature=-1"], "temperature must be a number >= 0.01"),
     (["--set", "temperature=.nan"], "temperature must be a finite number, got nan"),
     (["--max-steps", "-5"], "max_steps must be an integer >= 1 (or -1: by epochs), got -5"),
     (["--seed", str(10 ** 23)], "seed must be an integer in [0, 4294967295]"),
@@ -710,8 +710,8 @@ def test_compare_checks_its_arms_and_output_first(here, capsys):
 @pytest.mark.parametrize("flags, culprit", [
     (["--samples", "1000000000", "--temperature", "1"], "--samples in [1, 64]"),
     (["--batch-size", "100000"], "--batch-size must be in [1, 256]"),
-    (["--temperature", "inf"], "--temperature must be a finite number >= 0"),
-    (["--temperature", "nan"], "--temperature must be a finite number >= 0"),
+    (["--temperature", "inf"], "--temperature must be 0 (greedy) or a finite number >= 0.01"),
+    (["--temperature", "nan"], "--temperature must be 0 (greedy) or a finite number >= 0.01"),
     (["--tau", "nan"], "--tau is a confidence threshold in [0, 1]"),
     (["--seed", str(10 ** 23)], "--seed must be in [0, 4294967295]"),
 ])
@@ -1193,3 +1193,46 @@ def test_a_checkpoint_is_complete_only_when_what_resume_reads_parses(here, capsy
                                                               f"checkpoint (its {culprit}" if "trainer" in culprit
                             else f"resume: run/checkpoint-2 is not a complete checkpoint ({culprit}")):
         _refused_untouched(capsys, here, ["train", "--config", RECIPE, "--dry-run", "--out", "run", *extra], message)
+
+
+def _png(path: Path, size: tuple[int, int]) -> str:
+    from PIL import Image
+
+    Image.new("RGB", size, "white").save(path)
+    return path.name
+
+
+def test_crops_and_prompts_the_image_processor_would_crash_on_are_named_by_row(here, capsys):
+    """A valid PNG with an aspect ratio over 200, `image_long_side: 1` (a side rounded down to 0) and a prompt
+    holding the template's image token reached GLM-OCR's processor and crashed there."""
+    from grpo.crop_size import fitted_size
+
+    row = {**GOOD_ROW, "prompt": "Text Recognition:", "image": _png(here / "ok.png", (64, 32))}
+    _lines(here / "wide.jsonl", [row, {**row, "image": _png(here / "wide.png", (402, 2))}])
+    _refused_untouched(capsys, here, ["pool-stats", "wide.jsonl"],
+                       "line 2: image of 402x2 pixels has an aspect ratio over 200, which the image processor refuses")
+    _lines(here / "token.jsonl", [row, {**row, "prompt": "<|image|>Text Recognition:"}])
+    _refused_untouched(capsys, here, ["train", "--config", "tiny_vlm_cpu", "--dry-run", "--set", "pool=token.jsonl"],
+                       "pool: 1 row(s) the model's processor cannot take: row 1: the prompt holds the chat "
+                       "template's image token <|image|>")
+    assert fitted_size((1536, 400), "1") == (1, 1) and fitted_size((1536, 400), "768") == (768, 200)
+
+
+@pytest.mark.parametrize("argv, culprit", [
+    (["tpf", "--pool", "tiny-probe", "--device", "meta"], "device 'meta': a torch device that holds no data here"),
+    (["tpf", "--pool", "tiny-probe", "--temperature", "1e-30", "--samples", "2"],
+     "--temperature must be 0 (greedy) or a finite number >= 0.01 (less overflows the softmax), got 1e-30"),
+    (["train", "--config", RECIPE, "--dry-run", "--set", "temperature=1e-300"], "temperature must be a number >= 0.01"),
+    (["train", "--config", RECIPE, "--dry-run", "--set", "vllm_mode=server", "--set",
+      "vllm_server_host=exa mple"], "engine: vllm_server_host: 'http://exa mple:8000' is not a server URL"),
+    (["train", "--config", RECIPE, "--dry-run", "--set", "vllm_mode=server", "--set",
+      "vllm_server_base_url=http://[::1:8000"], "engine: vllm_server_base_url: 'http://[::1:8000' is not a server URL"),
+    (["joint", "--ar-steps", "0", "--joint-steps", "1", "--stop-at-step", "0", "--out", "j", "--num-heads", "4",
+      "--num-kv-heads", "3"], "num_heads 4 must be a multiple of num_kv_heads 3"),
+    (["joint", "--ar-steps", "0", "--joint-steps", "1", "--stop-at-step", "0", "--out", "j", "--head-dim", "33"],
+     "head_dim must be even"),
+])
+def test_values_that_passed_the_checks_then_crashed_are_refused_before_any_work(here, capsys, argv, culprit):
+    """A device that holds no data, a temperature whose softmax overflows, a server host that is no URL
+    (`InvalidURL` is no OSError) and head counts that do not divide (18 s into `joint`) passed every check."""
+    _refused_untouched(capsys, here, argv, culprit)
