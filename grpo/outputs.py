@@ -126,6 +126,23 @@ def claimed(folder: Path, stamp: str, name: str = "output_dir"):
         raise
 
 
+@contextlib.contextmanager
+def writing(folder: Path, name: str = "output_dir"):
+    """Run the block that writes into `folder`; a write error (a full disk, a failing device:
+    `ocr_rewards.errors.write_errno`), a library's too, becomes a `UserError` naming the file, else `folder`."""
+    from ocr_rewards.errors import write_errno
+
+    try:
+        yield
+    except Exception as err:
+        code = write_errno(err)
+        if code is None:
+            raise
+        where = getattr(err, "filename", None) or f"into {name} {folder}"
+        raise UserError(f"cannot write {where}: {os.strerror(code)}; what was being written there is incomplete "
+                        "(files of a checkpoint being saved stay in its hidden .saving folder)") from err
+
+
 def publish(tmp: Path, path: Path, replace: bool | str) -> None:
     """Move the complete file `tmp` to `path`. `replace` True: whatever is there goes (a file inside the
     command's own folder); False: only a new name is taken (a file that appeared since the check is kept, and

@@ -1236,3 +1236,59 @@ def test_values_that_passed_the_checks_then_crashed_are_refused_before_any_work(
     """A device that holds no data, a temperature whose softmax overflows, a server host that is no URL
     (`InvalidURL` is no OSError) and head counts that do not divide (18 s into `joint`) passed every check."""
     _refused_untouched(capsys, here, argv, culprit)
+
+
+def test_a_full_disk_under_train_or_joint_is_named(here, capsys, monkeypatch):
+    """`train` and `joint` on a full disk ended in a SafetensorError traceback (exit 70)."""
+    import errno
+
+    import grpo.joint.train as joint
+    import grpo.training.run as training
+    from safetensors import SafetensorError
+
+    def full(*args, **kwargs):
+        raise SafetensorError("Error while serializing: No space left on device (os error 28)")
+
+    monkeypatch.setattr(training, "_train", full)
+    refused(capsys, ["train", "--config", RECIPE, "--out", "run"],
+            "cannot write into output_dir run: No space left on device")
+
+    def failing_device(cfg):
+        raise OSError(errno.EIO, "Input/output error", str(Path(cfg.output_dir) / "model.safetensors"))
+
+    monkeypatch.setattr(joint, "train_joint", failing_device)
+    refused(capsys, ["joint", "--ar-steps", "0", "--joint-steps", "1", "--stop-at-step", "0", "--out", "j"],
+            "cannot write j/model.safetensors: Input/output error")
+    assert not (here / "j").exists()  # nothing half-written is left to be trusted
+
+
+@pytest.mark.skipif(not Path("/dev/full").is_char_device(), reason="needs /dev/full")
+@pytest.mark.parametrize("argv", [["-m", "grpo.cli", "env"],
+                                  ["-m", "ocr_rewards.cli", "score", "--pred-text", "a", "--ref-text", "a",
+                                   "--task", "text"]])
+def test_stdout_on_a_full_device_is_named(argv):
+    """`env` and `ocr-rewards score` with stdout on a full device ended in OSError tracebacks."""
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, *argv], stdout=full, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert "error: cannot write standard output: No space left on device" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_env_reports_a_torch_that_does_not_import(tmp_path):
+    """`env`, the bug-report command, crashed when torch itself failed to import."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "torch.py").write_text("raise ImportError('libtorch_cpu.so: cannot open shared object file')\n")
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-m", "grpo.cli", "env"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": path})
+    assert done.returncode == 0, done.stderr
+    assert "- device: unknown: torch does not import (ImportError: libtorch_cpu.so: cannot open shared object " \
+           "file)" in done.stdout
+    assert "- huggingface_hub: " in done.stdout and "- accelerate config: " in done.stdout

@@ -39,7 +39,7 @@ def run(args) -> int:
 
     from grpo.console import console, escape
     from grpo.joint.train import JointConfig, fields, train_joint
-    from grpo.outputs import mark, output_folder, set_aside
+    from grpo.outputs import mark, output_folder, set_aside, writing
     from grpo.yaml_config import build
 
     from grpo.checkpoint import resolve_model
@@ -64,7 +64,7 @@ def run(args) -> int:
         output_folder(cfg.checkpoint_dir, "checkpoint_dir", kind="joint checkpoints", stamp=STAMP, inputs=inputs,
                       overwrite=None, setting="checkpoint_dir")
         mark(Path(cfg.checkpoint_dir), STAMP)
-    with set_aside(out):  # an earlier checkpoint there stays until the new one is saved
+    with set_aside(out), writing(out):  # an earlier checkpoint there stays until the new one is saved
         train_joint(cfg)
         mark(out, STAMP)
     console.print(f"[green]joint checkpoint written to {escape(str(out))}[/green]")
