@@ -1292,3 +1292,13 @@ def test_env_reports_a_torch_that_does_not_import(tmp_path):
     assert "- device: unknown: torch does not import (ImportError: libtorch_cpu.so: cannot open shared object " \
            "file)" in done.stdout
     assert "- huggingface_hub: " in done.stdout and "- accelerate config: " in done.stdout
+
+
+def test_a_pool_column_nested_500_deep_is_a_bad_line(here, capsys):
+    """500 levels passed `json` and ended in a RecursionError inside `datasets` (100,000 were refused)."""
+    deep = {**GOOD_ROW, "meta": json.loads("[" * 500 + "]" * 500)}
+    _lines(here / "pool.jsonl", [GOOD_ROW, deep, {**GOOD_ROW, "meta": json.loads("[" * 50 + "]" * 50)}])
+    _refused_untouched(capsys, here, ["pool-stats", "pool.jsonl"],
+                       "line 2: nested too deeply (arrays and objects more than 100 levels deep)")
+    message = _refused_untouched(capsys, here, ["score", "--pairs", "pool.jsonl"], "line 2: nested too deeply")
+    assert "line 3: nested" not in message
