@@ -1302,3 +1302,30 @@ def test_a_pool_column_nested_500_deep_is_a_bad_line(here, capsys):
                        "line 2: nested too deeply (arrays and objects more than 100 levels deep)")
     message = _refused_untouched(capsys, here, ["score", "--pairs", "pool.jsonl"], "line 2: nested too deeply")
     assert "line 3: nested" not in message
+
+
+def _numbers_table(seed: int, rows: int, cols: int) -> str:
+    import random
+
+    rng = random.Random(seed)
+    body = "".join("<tr>" + "".join(f"<td>{rng.randint(0, 9999)}</td>" for _ in range(cols)) + "</tr>"
+                   for _ in range(rows))
+    return f"<table>{body}</table>"
+
+
+@pytest.mark.parametrize("shape", [(70, 70), (70, 69), (60, 60)])
+def test_two_large_tables_score_within_two_seconds(shape):
+    """Two 70x70 tables of 64 KB each, under both size caps, took 2.4–5.1 s to score; a call has 2 s."""
+    import time
+
+    from ocr_rewards import score
+
+    small = _numbers_table(0, 2, 2)
+    assert score(small, _numbers_table(1, 2, 3), "table").value < 1  # compiled (or read from numba's cache)
+    ref = _numbers_table(1, 70, 70)
+    pred = _numbers_table(2, *shape)
+    assert 60_000 < len(ref) <= 65_536
+    start = time.perf_counter()
+    result = score(pred, ref, "table")
+    assert time.perf_counter() - start <= 2.0
+    assert 0 < result.value < 1
