@@ -1093,10 +1093,10 @@ def test_resume_needs_a_complete_checkpoint(here, capsys):
 def test_a_failed_arm_names_the_arm_and_its_log(here, capsys, monkeypatch):
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)  # what an in-process engine of an earlier test may have left
-    (here / "bad.yaml").write_text(f"extends: {RECIPE}\npool: missing.jsonl\n")
+    (here / "bad.yaml").write_text(f"extends: {RECIPE}\nmodel: missing_model\n")
     message = refused(capsys, ["compare", "--arm", "a", "bad.yaml", "--arm", "b", RECIPE, "--seeds", "0", "--out",
                                "cmp"], "arm a seed 0: training failed (exit 2): the run would not start",
-                      "prompt pool missing.jsonl",
+                      "missing_model",
                       "see its log cmp/a/seed-0.train.log")
     assert (here / "cmp" / "a" / "seed-0.train.log").is_file(), message
 
@@ -1329,3 +1329,28 @@ def test_two_large_tables_score_within_two_seconds(shape):
     result = score(pred, ref, "table")
     assert time.perf_counter() - start <= 2.0
     assert 0 < result.value < 1
+
+
+def test_compare_with_a_missing_pool_creates_nothing(here, capsys):
+    """`compare` created its --out folder before it refused an arm whose pool is missing."""
+    (here / "bad.yaml").write_text(f"extends: {RECIPE}\npool: missing.jsonl\n")
+    _refused_untouched(capsys, here, ["compare", "--arm", "a", "bad.yaml", "--arm", "b", RECIPE, "--seeds", "0",
+                                      "--out", "cmp"], "--arm a: prompt pool missing.jsonl")
+    _refused_untouched(capsys, here, ["compare", "--arm", "a", RECIPE, "--arm", "b", RECIPE, "--seeds", "0",
+                                      "--probe-set", "nope.jsonl", "--out", "cmp"], "prompt pool nope.jsonl")
+
+
+def test_damage_is_named_not_copied(here, capsys):
+    """A `metrics.jsonl` whose `reward` is a list was copied into the drift log; a pairs bound that no reward in
+    [0, 1] meets exited 1 (cases outside their bounds), not 2."""
+    from ocr_rewards.cli import main as rewards_main
+
+    run = _run_folder(here)
+    (run / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n{"step": 2, "reward": [0.5, 0.7]}\n')
+    _refused_untouched(capsys, here, ["tpf-drift", "run"],
+                       "metrics.jsonl is damaged: line 2: reward [0.5, 0.7] is not a number")
+    _lines(here / "pairs.jsonl", [{**PAIR, "expect": 2}, {**PAIR, "min": 1.5}, {**PAIR, "expect": 1}])
+    assert rewards_main(["check", "pairs.jsonl"]) == 2
+    err = capsys.readouterr().err
+    assert "line 1: field 'expect' 2 can never be met: every reward lies in [0, 1]" in err
+    assert "line 2: field 'min' 1.5 can never be met" in err and "line 3" not in err
