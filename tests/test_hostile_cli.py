@@ -1354,3 +1354,30 @@ def test_damage_is_named_not_copied(here, capsys):
     err = capsys.readouterr().err
     assert "line 1: field 'expect' 2 can never be met: every reward lies in [0, 1]" in err
     assert "line 2: field 'min' 1.5 can never be met" in err and "line 3" not in err
+
+
+def test_a_server_whose_context_cannot_hold_the_completions_is_refused(here, capsys):
+    """docs/grpo.md served with --max_model_len 4096 for the recipe's 8,448 completion tokens: vLLM lowers the
+    cap silently and cuts every completion short. The run check reads the server's limit."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Answer(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"data": [{"id": TINY, "max_model_len": 128}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        _refused_untouched(capsys, here, ["train", "--config", RECIPE, "--dry-run", "--set", "vllm_mode=server",
+                                          "--set", f"vllm_server_base_url=http://127.0.0.1:{server.server_port}"],
+                           "holds 128 tokens per sequence (its --max_model_len), which max_completion_length 192")
+    finally:
+        server.shutdown()

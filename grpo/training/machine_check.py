@@ -141,16 +141,20 @@ def url_problem(url: str) -> str | None:
     return None
 
 
-def served_model(url: str, timeout: float = SERVER_ANSWER_TIMEOUT) -> str:
-    """The model a vLLM server at `url` serves (its `/health`, then the first id of `/v1/models`); OSError or
-    ValueError when it does not answer as `trl vllm-serve` does."""
+def served_model(url: str, timeout: float = SERVER_ANSWER_TIMEOUT) -> dict:
+    """The model a vLLM server at `url` serves (its `/health`, then the first entry of `/v1/models`: `id`, and
+    `max_model_len`, the tokens a sequence may hold there); OSError or ValueError when it does not answer as
+    `trl vllm-serve` does."""
     import urllib.request
 
     with urllib.request.urlopen(f"{url}/health", timeout=timeout) as response:
         if response.status != 200:
             raise ValueError(f"/health answered {response.status}")
     with urllib.request.urlopen(f"{url}/v1/models", timeout=timeout) as response:
-        return json.loads(response.read())["data"][0]["id"]
+        entry = json.loads(response.read())["data"][0]
+    if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+        raise ValueError("/v1/models names no model")
+    return entry
 
 
 def check_server(cfg: Any, on_cpu: bool, report: PreflightReport) -> None:
@@ -170,11 +174,16 @@ def check_server(cfg: Any, on_cpu: bool, report: PreflightReport) -> None:
         report.problems.append(f"engine: {setting}: {quoted(url)} is not a server URL ({problem})")
         return
     try:
-        served = served_model(url)
+        entry = served_model(url)
     except (OSError, ValueError, KeyError, IndexError, http.client.HTTPException) as err:
         report.problems.append(f"engine: no vLLM server answers at {url} ({err}); start it first "
                                "(trl vllm-serve --model MODEL --host HOST --port PORT, docs/grpo.md)")
         return
+    served, limit = entry["id"], entry.get("max_model_len")
+    if isinstance(limit, int) and cfg.max_completion_length >= limit:  # vLLM would cut every completion short
+        report.problems.append(f"engine: the vLLM server at {url} holds {limit} tokens per sequence (its "
+                               f"--max_model_len), which max_completion_length {cfg.max_completion_length} and a "
+                               "prompt do not fit in; serve with a larger --max_model_len")
     from grpo.checkpoint import CheckpointError, resolve_model
 
     try:
