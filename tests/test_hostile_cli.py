@@ -1381,3 +1381,47 @@ def test_a_server_whose_context_cannot_hold_the_completions_is_refused(here, cap
                            "holds 128 tokens per sequence (its --max_model_len), which max_completion_length 192")
     finally:
         server.shutdown()
+
+
+def test_a_mask_token_in_a_spare_embedding_row_gets_the_mean(tmp_path):
+    """A model with spare embedding rows past its tokenizer (GLM-OCR: 59,392) gave `<|mask|>` one of them as it
+    was, not the mean of the rows the docs describe."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from grpo.checkpoint import MASK_TOKEN, add_mask_token
+    from helpers_models import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer(tmp_path)
+    n = len(tokenizer)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=n + 8, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2, tie_word_embeddings=False))
+    before = model.get_input_embeddings().weight.detach().clone()
+    mask_id = add_mask_token(model, tokenizer)
+    assert mask_id == n and tokenizer.convert_ids_to_tokens(mask_id) == MASK_TOKEN
+    weight = model.get_input_embeddings().weight.detach()
+    assert weight.shape[0] == n + 8  # a spare row taken, none added
+    assert torch.allclose(weight[mask_id], before[:n].double().mean(0).float(), atol=1e-6)
+    assert torch.equal(weight[:n], before[:n]) and torch.equal(weight[n + 1:], before[n + 1:])
+    head = model.get_output_embeddings().weight.detach()
+    assert torch.allclose(head[mask_id], head[:n].double().mean(0).float(), atol=1e-6)
+    assert add_mask_token(model, tokenizer) == mask_id and torch.equal(model.get_input_embeddings().weight, weight)
+
+
+def test_a_lone_surrogate_in_a_long_text_is_scored(here):
+    """The loop search of the `gravityocr` scoring mode raised UnicodeEncodeError on a lone surrogate."""
+    from ocr_rewards import score
+
+    text = "".join(f"word{i} " for i in range(400)) + "\ud800" + " tail"  # over 2,048: the loop search runs
+    result = score(text, text[:-1], "text", postprocess="gravityocr")
+    assert 0 < result.value <= 1
+    looped = "\ud800" + "0123456789" * 300
+    assert score(looped, "0123456789", "text", postprocess="gravityocr").components.get("postprocessed") == 1.0
+
+
+def test_a_dtype_the_engine_refuses_is_named_before_vllm(here):
+    """`mine --dtype float64` passed (the HF path takes any dtype) and vLLM's config refused it at start."""
+    from grpo.rollouts.engine import make_llm
+
+    with pytest.raises(UserError, match="dtype 'float64': the vLLM engine runs one of auto, float32"):
+        make_llm(TINY, dtype="float64")
