@@ -12,7 +12,8 @@
 - is not a regular file or folder, or a file whose folder does not exist.
 Writers then replace whole: `written`/`atomic_write` (a temporary name, fsync, then the move) and `set_aside`
 (the old folder kept until the new one is complete), so an interrupted run leaves the old output. The move of
-an output never replaces a file that appeared after the check (`publish`).
+an output never replaces a file that appeared after the check (`publish`), and a run folder is taken with an
+O_EXCL marker (`claimed`), so two commands that checked one new folder at once cannot both write into it.
 
 Example:
     >>> out = output_file("stats.json", "--out", stamp="gravity-grpo tpf")     # doctest: +SKIP
