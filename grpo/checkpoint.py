@@ -499,19 +499,24 @@ def add_mask_token(model: Any, tokenizer: Any) -> int:
     Idempotent: a tokenizer that already holds the token keeps its id.
     """
     tokenizer = tokenizer_of(tokenizer)
-    if MASK_TOKEN not in tokenizer.get_vocab():
+    added = MASK_TOKEN not in tokenizer.get_vocab()
+    if added:
         tokenizer.add_tokens([MASK_TOKEN], special_tokens=True)
     mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
     old = model.get_input_embeddings().num_embeddings
-    if mask_id >= old:
+    if added or mask_id >= old:
+        # the mean of the rows of the tokens before it; a model with spare rows past its tokenizer (GLM-OCR has
+        # 59,392) gives the token one of them, which would otherwise keep whatever that spare row holds
         tables = [model.get_input_embeddings().weight, getattr(model.get_output_embeddings(), "weight", None)]
-        means = [None if w is None else _mean_row(w, old) for w in tables]
-        model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+        means = [None if w is None else _mean_row(w, min(mask_id, old)) for w in tables]
+        if mask_id >= old:
+            model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+        rows = slice(min(mask_id, old), None) if mask_id >= old else slice(mask_id, mask_id + 1)
         resized = [model.get_input_embeddings().weight, getattr(model.get_output_embeddings(), "weight", None)]
         with torch.no_grad():
             for weight, mean in zip(resized, means):
                 if weight is not None and mean is not None:
-                    weight[old:] = mean.to(weight.device)
+                    weight[rows] = mean.to(weight.device)
     return mask_id
 
 

@@ -21,6 +21,9 @@ import io
 from typing import Any, Mapping
 
 LONG_SIDES = {"full": None, "768": 768, "1344": 1344}
+# The longest side over the shortest that the GLM-OCR image processor takes (transformers' `smart_resize` of
+# Qwen2-VL and GLM-4V refuses more with a ValueError): a crop over it is a bad row, named before any processor.
+MAX_ASPECT_RATIO = 200
 MAX_LONG_SIDE = 100_000  # pixels: GravityOCR's "never downscale" passes 99999; more is a typo, not a crop
 IMAGE_LONG_SIDE_HELP = ("Long side crops are resized to before the policy sees them, in rollouts, mining, the TPF "
                         "probe and `tpf` (grpo/crop_size.py): 'full' (as given, GravityOCR's published "
@@ -64,12 +67,31 @@ def fit_long_side(image: Any, side: str | int | None) -> Any:
     fits or `side` is `full`."""
     from PIL import Image
 
+    size = fitted_size(image.size, side)
+    return image if size == tuple(image.size) else image.resize(size, Image.LANCZOS)
+
+
+def fitted_size(size: tuple[int, int], side: str | int | None) -> tuple[int, int]:
+    """The (width, height) `fit_long_side` gives a crop of `size`: the other side `int(side * scale)`, as
+    GravityOCR rounds, but never below 1 pixel (`image_long_side: 1` rounded a side down to 0)."""
     limit = long_side(side) if side is not None else None
-    w, h = image.size
+    w, h = size
     if limit is None or max(w, h) <= limit:
-        return image
+        return w, h
     scale = limit / max(w, h)
-    return image.resize((int(w * scale), int(h * scale)), Image.LANCZOS)
+    return max(1, int(w * scale)), max(1, int(h * scale))
+
+
+def crop_problem(size: tuple[int, int], side: str | int | None = None) -> str | None:
+    """Why a crop of `size` (width, height), fitted to `side`, cannot go to the image processor, or None."""
+    w, h = fitted_size(size, side)
+    if min(w, h) < 1:
+        return f"image of {w}x{h} pixels is empty"
+    if max(w, h) / min(w, h) > MAX_ASPECT_RATIO:
+        fitted = f" (fitted to image_long_side {side}: {w}x{h})" if (w, h) != tuple(size) else ""
+        return (f"image of {size[0]}x{size[1]} pixels{fitted} has an aspect ratio over {MAX_ASPECT_RATIO}, which "
+                "the image processor refuses")
+    return None
 
 
 def with_long_side(ds: Any, side: str | int | None) -> Any:

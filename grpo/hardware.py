@@ -44,6 +44,9 @@ def vllm_on_cpu() -> bool:
     return True
 
 
+DATA_DEVICES = ("cpu", "cuda")  # the device types this package decodes on
+
+
 def torch_device_named(name: str) -> str:
     """`name` when it is a torch device present here; a `UserError` naming it otherwise (`gpu0`, `cuda:3` on a
     machine with one GPU, `cuda` without CUDA)."""
@@ -57,4 +60,7 @@ def torch_device_named(name: str) -> str:
         raise UserError(f"device {name!r}: not a torch device (e.g. cpu, cuda, cuda:1)", setting="device") from None
     if device.type == "cuda" and not (torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count()):
         raise UserError(f"device {name!r}: no such CUDA device here", setting="device")
+    if device.type not in DATA_DEVICES:  # `meta` holds shapes only; others (mps, xpu, ...) are not served here
+        raise UserError(f"device {name!r}: a torch device that holds no data here (use one of "
+                        f"{', '.join(DATA_DEVICES)})", setting="device")
     return name

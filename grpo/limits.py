@@ -10,6 +10,9 @@ MAX_PROBE_SIZE = 100_000  # prompts of one probe or evaluation: the built-in pro
 MAX_SAMPLES = 64  # sampled decodes per prompt: each is a whole decode; TPF's interval is tight long before
 MAX_BATCH = 256  # prompts decoded at once: their KV caches share one device
 MAX_NUM_GENERATIONS = 1024  # completions per prompt (GRPO groups, mining): recipes use 8 to 64; more is a typo
+# The lowest sampling temperature > 0: logits divided by less overflow half precision (65,504 / a logit of ~50 is
+# ~1e-3) and 1e-300 overflows any float to inf (softmax then gives NaN); below it sampling is greedy in all but name.
+MIN_TEMPERATURE = 0.01
 
 
 def whole_in(value: object, low: int, high: int) -> bool:

@@ -12,7 +12,8 @@
 - is not a regular file or folder, or a file whose folder does not exist.
 Writers then replace whole: `written`/`atomic_write` (a temporary name, fsync, then the move) and `set_aside`
 (the old folder kept until the new one is complete), so an interrupted run leaves the old output. The move of
-an output never replaces a file that appeared after the check (`publish`).
+an output never replaces a file that appeared after the check (`publish`), and a run folder is taken with an
+O_EXCL marker (`claimed`), so two commands that checked one new folder at once cannot both write into it.
 
 Example:
     >>> out = output_file("stats.json", "--out", stamp="gravity-grpo tpf")     # doctest: +SKIP
@@ -124,6 +125,23 @@ def claimed(folder: Path, stamp: str, name: str = "output_dir"):
             if made:
                 folder.rmdir()
         raise
+
+
+@contextlib.contextmanager
+def writing(folder: Path, name: str = "output_dir"):
+    """Run the block that writes into `folder`; a write error (a full disk, a failing device:
+    `ocr_rewards.errors.write_errno`), a library's too, becomes a `UserError` naming the file, else `folder`."""
+    from ocr_rewards.errors import write_errno
+
+    try:
+        yield
+    except Exception as err:
+        code = write_errno(err)
+        if code is None:
+            raise
+        where = getattr(err, "filename", None) or f"into {name} {folder}"
+        raise UserError(f"cannot write {where}: {os.strerror(code)}; what was being written there is incomplete "
+                        "(files of a checkpoint being saved stay in its hidden .saving folder)") from err
 
 
 def publish(tmp: Path, path: Path, replace: bool | str) -> None:

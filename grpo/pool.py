@@ -344,6 +344,8 @@ def _row_problem(row: dict, base_dir: Path, has_image: bool) -> str | None:
 def _image_problem(value, base_dir: Path) -> str | None:
     from PIL import Image, UnidentifiedImageError
 
+    from grpo.crop_size import crop_problem
+
     if value is None:
         return "missing image"
     cell = _image_cell(value)
@@ -355,6 +357,9 @@ def _image_problem(value, base_dir: Path) -> str | None:
             return f"image is not a regular file: {cell['path']}"  # a fifo or a device would block the read
         with Image.open(source) as image:
             image.load()
+            problem = crop_problem(image.size)
+        if problem:
+            return problem
     except FileNotFoundError:
         return f"image file not found: {cell['path']}"
     except Image.DecompressionBombError as err:

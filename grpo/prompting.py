@@ -62,6 +62,34 @@ def encode_prompt(processor: Any, row: Mapping[str, Any], is_vlm: bool,
                                               return_dict=True, return_tensors="pt"))
 
 
+def image_tokens(processor: Any) -> list[str]:
+    """The tokens a GLM-OCR chat template writes around and for a crop (`<|image|>`, `<|begin_of_image|>`, ...):
+    a prompt that holds one gives the processor a second image place, with no image for it."""
+    tokenizer = getattr(processor, "tokenizer", processor)
+    added = tokenizer.get_added_vocab() if hasattr(tokenizer, "get_added_vocab") else {}
+    named = [getattr(processor, name, None) for name in ("image_token", "video_token")]
+    return sorted({t for t in [*added, *named] if isinstance(t, str) and ("image" in t or "video" in t)})
+
+
+def prompt_problems(processor: Any, rows: Any, is_vlm: bool, image_long_side: str | int | None = None) -> list[str]:
+    """`row N: why` for each row the processor would crash on, checked before it sees any: for a
+    vision-language policy, a prompt holding one of the template's image tokens (`image_tokens`), or a crop
+    that, fitted to `image_long_side`, the image processor refuses (`grpo.crop_size.crop_problem`)."""
+    from grpo.crop_size import crop_problem
+
+    if not is_vlm:
+        return []
+    tokens = image_tokens(processor)
+    out = []
+    for index, row in enumerate(rows):
+        held = [t for t in tokens if t in str(row.get("prompt"))]
+        problem = (f"the prompt holds the chat template's image token {held[0]} (the template adds the crop's own)"
+                   if held else crop_problem(load_image(_field(row, "image")).size, image_long_side))
+        if problem:
+            out.append(f"row {index}: {problem}")
+    return out
+
+
 def rows_over_context(processor: Any, rows: Any, is_vlm: bool, positions: int | None, max_new_tokens: int) -> list[str]:
     """`row N: T prompt tokens + M new > P positions` for each row whose prompt and output cap do not fit in the
     model's `positions` (None: unknown, nothing to check); the one check of prompt length, for `tpf` and the

@@ -127,8 +127,15 @@ def run(args: argparse.Namespace) -> int:
     if bad_seeds or len(set(args.seeds)) != len(args.seeds):
         raise UserError(f"--seeds must be distinct integers in [0, {MAX_SEED}], got {args.seeds}")
     common = _pairs(args.assignments, "--set")
-    for arm in arms:  # every recipe builds before anything is written (the runs check the rest themselves)
-        load_config(arm.config, {**common, **arm.overrides})
+    from grpo.pool import load_pool
+
+    for arm in arms:  # every recipe builds, and its pool reads, before anything is written (the runs check the rest)
+        config = load_config(arm.config, {**common, **arm.overrides})
+        try:
+            load_pool(config.pool, skip_bad=config.skip_bad)
+        except UserError as err:
+            raise UserError(f"--arm {arm.name}: {err}") from None
+    load_pool(args.probe_set)
     output_folder(args.out, "--out", kind="comparison", stamp=STAMP, inputs=[a.config for a in arms],
                   overwrite=None)
     try:

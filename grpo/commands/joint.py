@@ -39,7 +39,7 @@ def run(args) -> int:
 
     from grpo.console import console, escape
     from grpo.joint.train import JointConfig, fields, train_joint
-    from grpo.outputs import mark, output_folder, set_aside
+    from grpo.outputs import mark, output_folder, set_aside, writing
     from grpo.yaml_config import build
 
     from grpo.checkpoint import resolve_model
@@ -48,6 +48,15 @@ def run(args) -> int:
     if isinstance(values.get("model"), str) and values["model"]:  # a built-in name (tiny), as every command takes it
         values["model"] = str(resolve_model(values["model"]))
     cfg = build(JointConfig, values, args.config)
+    if cfg.model is None:  # a model built from scratch: heads that do not divide fail at its first forward
+        from grpo.errors import UserError
+
+        if cfg.num_heads % cfg.num_kv_heads:
+            raise UserError(f"num_heads {cfg.num_heads} must be a multiple of num_kv_heads {cfg.num_kv_heads} (each "
+                            "key/value head serves a whole group of query heads)", setting="num_kv_heads")
+        if cfg.head_dim % 2:
+            raise UserError(f"head_dim must be even (rotary embeddings turn pairs of channels), got {cfg.head_dim}",
+                            setting="head_dim")
     inputs = [p for p in (cfg.model, cfg.pool, args.config) if p]
     out = output_folder(cfg.output_dir, "output_dir", kind="joint checkpoint", is_own=is_own, inputs=inputs,
                         overwrite=args.overwrite, setting="output_dir")
@@ -55,7 +64,7 @@ def run(args) -> int:
         output_folder(cfg.checkpoint_dir, "checkpoint_dir", kind="joint checkpoints", stamp=STAMP, inputs=inputs,
                       overwrite=None, setting="checkpoint_dir")
         mark(Path(cfg.checkpoint_dir), STAMP)
-    with set_aside(out):  # an earlier checkpoint there stays until the new one is saved
+    with set_aside(out), writing(out):  # an earlier checkpoint there stays until the new one is saved
         train_joint(cfg)
         mark(out, STAMP)
     console.print(f"[green]joint checkpoint written to {escape(str(out))}[/green]")

@@ -7,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from grpo.limits import MAX_BATCH, MAX_SAMPLES  # bounds shared with tpf-drift's run configs
+from grpo.limits import MAX_BATCH, MAX_SAMPLES, MIN_TEMPERATURE  # bounds shared with tpf-drift's run configs
 
 STAMP = "gravity-grpo tpf"  # in each file it writes (grpo.outputs)
 DEFAULT_MAX_NEW_TOKENS = 512  # the output cap where neither --max-new-tokens nor the preset gives one
@@ -100,8 +100,9 @@ def _check_decoding(args: argparse.Namespace, error: type) -> None:
     if not (1 <= args.batch_size <= MAX_BATCH and 1 <= args.samples <= MAX_SAMPLES):
         raise error(f"--batch-size must be in [1, {MAX_BATCH}] and --samples in [1, {MAX_SAMPLES}], got "
                     f"{args.batch_size} and {args.samples}")
-    if not 0 <= args.temperature < math.inf:
-        raise error(f"--temperature must be a finite number >= 0 (0 is greedy), got {args.temperature}")
+    if not (args.temperature == 0 or MIN_TEMPERATURE <= args.temperature < math.inf):
+        raise error(f"--temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE} (less overflows "
+                    f"the softmax), got {args.temperature}")
     if not 0 <= args.seed <= MAX_SEED:
         raise error(f"--seed must be in [0, {MAX_SEED}], got {args.seed}")
     if args.samples > 1 and args.temperature == 0:
@@ -112,12 +113,13 @@ def _check_decoding(args: argparse.Namespace, error: type) -> None:
         raise error("--mode diffusion decodes greedily at batch 1: leave --batch-size and --temperature out")
 
 
-def _check_sizes(args: argparse.Namespace, ckpt, pool) -> None:
-    """Refuse an output cap or block size the model cannot decode, and rows that do not fit in its positions."""
+def _check_sizes(args: argparse.Namespace, ckpt, pool, side: str | None) -> None:
+    """Refuse an output cap or block size the model cannot decode, rows its processor cannot take (crops fitted
+    to `side`), and rows that do not fit in its positions."""
     from grpo.checkpoint import context_length
     from grpo.errors import UserError
     from grpo.pool import policy_mismatch
-    from grpo.prompting import rows_over_context
+    from grpo.prompting import prompt_problems, rows_over_context
 
     positions = context_length(ckpt.model.config)
     if positions is not None and args.max_new_tokens >= positions:
@@ -129,6 +131,10 @@ def _check_sizes(args: argparse.Namespace, ckpt, pool) -> None:
     problem = policy_mismatch(pool, f"prompt pool {args.pool}", ckpt.is_vlm)
     if problem:
         raise UserError(problem)
+    bad = prompt_problems(ckpt.processor, pool, ckpt.is_vlm, side)
+    if bad:
+        raise UserError(f"prompt pool {args.pool}: {len(bad)} row(s) the model's processor cannot take: "
+                        f"{'; '.join(bad[:5])}")
     over = rows_over_context(ckpt.processor, pool, ckpt.is_vlm, positions, args.max_new_tokens)
     if over:
         raise UserError(f"prompt pool {args.pool}: {len(over)} row(s) longer than the model's context with "
@@ -177,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
     pool = load_pool(args.pool, skip_bad=args.skip_bad)
     if args.limit is not None:
         pool = pool.select(range(min(args.limit, len(pool))))
-    _check_sizes(args, ckpt, pool)
+    _check_sizes(args, ckpt, pool, preset.image_long_side if args.image_long_side is None else args.image_long_side)
     ckpt.model.to(device)
     stats = measure_tpf(ckpt.model, ckpt.processor, pool, ckpt.bd, is_vlm=ckpt.is_vlm, bd_size=args.bd_size,
                         max_new_tokens=args.max_new_tokens, compare_ar=args.compare_ar, mode=args.mode,

@@ -28,8 +28,9 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
+from grpo.errors import quoted
 from ocr_rewards.jsonl import read_json_object
 
 RUN_CONFIG = "run_config.json"
@@ -51,8 +52,19 @@ def _write_jsonl(path: Path, records: Iterable[dict]) -> None:
     atomic_write(path, "".join(json.dumps(r) + "\n" for r in records))
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    """The records of a run's jsonl file ([] when absent); a `ConfigError` naming the first damaged line."""
+def _metric_problem(record: dict) -> str | None:
+    """Why a `metrics.jsonl` record is damaged: a metric (`reward`, or a name with a '/': `tpf/mean`, ...) that
+    is not a number (a list, a string, a bool), which the drift log and the plots would copy or fail on."""
+    for key, value in record.items():
+        if (key == "reward" or "/" in key) and value is not None and \
+                (isinstance(value, bool) or not isinstance(value, (int, float))):
+            return f"{key} {quoted(value, 60)} is not a number"
+    return None
+
+
+def _read_jsonl(path: Path, check: Callable[[dict], str | None] | None = None) -> list[dict]:
+    """The records of a run's jsonl file ([] when absent), each also checked by `check` (a problem or None); a
+    `ConfigError` naming the first damaged line."""
     from grpo.yaml_config import ConfigError
     from ocr_rewards.jsonl import read_lines
 
@@ -65,6 +77,8 @@ def _read_jsonl(path: Path) -> list[dict]:
         elif problem is None and "step" in record and (isinstance(record["step"], bool)
                                                         or not isinstance(record["step"], int)):
             problem = f"step {record['step']!r} is not an integer"
+        elif problem is None and check is not None:
+            problem = check(record)
         if problem:
             raise ConfigError(f"{path} is damaged: line {number}: {problem}")
         records.append(record)
@@ -129,7 +143,7 @@ class RunDir:
         return len(history)
 
     def read_metrics(self) -> list[dict]:
-        return _read_jsonl(self.file(METRICS_JSONL))
+        return _read_jsonl(self.file(METRICS_JSONL), _metric_problem)
 
     # --- the TPF probe ---
     def write_drift(self, records: list[dict], name: str = DRIFT, title: str | None = None,

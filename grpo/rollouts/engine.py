@@ -17,6 +17,8 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from grpo.errors import quoted
+
 log = logging.getLogger(__name__)
 
 # Set before vLLM is imported. In-process engine: sync_weights hands tensors to the worker directly.
@@ -82,6 +84,9 @@ def set_engine_env() -> bool:
     return on_gpu
 
 
+VLLM_DTYPES = ("auto", "float32", "float", "bfloat16", "float16", "half")  # vLLM 0.32's ModelConfig, any case
+
+
 def make_llm(model_dir: str | Path, *, seed: int = 0, max_model_len: int | None = None,
              gpu_memory_utilization: float = 0.9, dtype: str = "auto", self_speculation: bool = False,
              draft_len: int | None = None, log_stats: bool = False):
@@ -94,6 +99,11 @@ def make_llm(model_dir: str | Path, *, seed: int = 0, max_model_len: int | None 
     tokens a round with the checkpoint's own block-diffusion path (`grpo.rollouts.engine_selfspec`), which turns
     `log_stats` (vLLM's counters, `LLM.get_metrics()`) on.
     """
+    if str(dtype).lower() not in VLLM_DTYPES:  # vLLM refuses it only once its config is built
+        from grpo.errors import UserError
+
+        raise UserError(f"dtype {quoted(dtype)}: the vLLM engine runs one of {', '.join(VLLM_DTYPES)}",
+                        setting="dtype")
     on_gpu = set_engine_env()
     from vllm import LLM
 

@@ -25,7 +25,8 @@ from trl import GRPOConfig, ModelConfig
 from grpo.training.drafter_loss import DRAFTER_COMPLETIONS, DRAFTER_TARGETS
 from grpo.crop_size import image_long_side_field, long_side
 from grpo.errors import quoted
-from grpo.limits import MAX_BATCH, MAX_NEW_TOKENS, MAX_NUM_GENERATIONS, MAX_PROBE_SIZE, MAX_SAMPLES, MAX_SEED
+from grpo.limits import (MAX_BATCH, MAX_NEW_TOKENS, MAX_NUM_GENERATIONS, MAX_PROBE_SIZE, MAX_SAMPLES, MAX_SEED,
+                          MIN_TEMPERATURE)
 from grpo.yaml_config import ConfigError, Fields, read_recipe
 from ocr_rewards.postprocess import POSTPROCESS_MODES
 from ocr_rewards.settings import RewardFields
@@ -247,7 +248,8 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
             counts[name] = within(1, MAX_TRAIN_BATCH)
         numbers = [("max_steps", lambda v: v == -1 or v >= 1, "an integer >= 1 (or -1: by epochs)"),
                    ("learning_rate", lambda v: v >= 0, "a number >= 0"),
-                   ("temperature", lambda v: v > 0, "a number > 0 (GRPO samples its groups)"),
+                   ("temperature", lambda v: v >= MIN_TEMPERATURE,
+                    f"a number >= {MIN_TEMPERATURE} (GRPO samples its groups; less overflows the softmax)"),
                    ("epsilon", lambda v: v >= 0, "a number >= 0"), ("epsilon_high", lambda v: v >= 0, "a number >= 0"),
                    ("top_p", lambda v: 0 < v <= 1, "a number in (0, 1]"),
                    ("num_train_epochs", lambda v: 0 < v <= MAX_EPOCHS, f"a number in (0, {MAX_EPOCHS}]"),

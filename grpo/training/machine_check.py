@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from grpo.errors import quoted
 from grpo.training.config import MAX_PROCESSES
 from grpo.training.report import PreflightReport
 from grpo.yaml_config import ConfigError, _yaml_problem
@@ -124,16 +125,36 @@ def server_url(cfg: Any) -> str:
     return (cfg.vllm_server_base_url or f"http://{cfg.vllm_server_host}:{cfg.vllm_server_port}").rstrip("/")
 
 
-def served_model(url: str, timeout: float = SERVER_ANSWER_TIMEOUT) -> str:
-    """The model a vLLM server at `url` serves (its `/health`, then the first id of `/v1/models`); OSError or
-    ValueError when it does not answer as `trl vllm-serve` does."""
+def url_problem(url: str) -> str | None:
+    """Why `url` is no http(s) URL a client can open (a host with a space, a bad port, no scheme), or None."""
+    from urllib.parse import urlsplit
+
+    if any(c.isspace() or not c.isprintable() for c in url):
+        return "it holds a space or a control character"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+    except ValueError as err:
+        return str(err)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "give http://HOST:PORT"
+    return None
+
+
+def served_model(url: str, timeout: float = SERVER_ANSWER_TIMEOUT) -> dict:
+    """The model a vLLM server at `url` serves (its `/health`, then the first entry of `/v1/models`: `id`, and
+    `max_model_len`, the tokens a sequence may hold there); OSError or ValueError when it does not answer as
+    `trl vllm-serve` does."""
     import urllib.request
 
     with urllib.request.urlopen(f"{url}/health", timeout=timeout) as response:
         if response.status != 200:
             raise ValueError(f"/health answered {response.status}")
     with urllib.request.urlopen(f"{url}/v1/models", timeout=timeout) as response:
-        return json.loads(response.read())["data"][0]["id"]
+        entry = json.loads(response.read())["data"][0]
+    if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+        raise ValueError("/v1/models names no model")
+    return entry
 
 
 def check_server(cfg: Any, on_cpu: bool, report: PreflightReport) -> None:
@@ -144,13 +165,25 @@ def check_server(cfg: Any, on_cpu: bool, report: PreflightReport) -> None:
     if on_cpu:
         report.problems.append("engine: vllm_mode 'server' needs CUDA to train: TRL pushes the weights to the server "
                                "over NCCL (VLLMClient.init_communicator); on CPU use vllm_mode: colocate")
+    import http.client
+
     url = server_url(cfg)
+    problem = url_problem(url)
+    if problem:
+        setting = "vllm_server_base_url" if cfg.vllm_server_base_url else "vllm_server_host"
+        report.problems.append(f"engine: {setting}: {quoted(url)} is not a server URL ({problem})")
+        return
     try:
-        served = served_model(url)
-    except (OSError, ValueError, KeyError, IndexError) as err:
+        entry = served_model(url)
+    except (OSError, ValueError, KeyError, IndexError, http.client.HTTPException) as err:
         report.problems.append(f"engine: no vLLM server answers at {url} ({err}); start it first "
                                "(trl vllm-serve --model MODEL --host HOST --port PORT, docs/grpo.md)")
         return
+    served, limit = entry["id"], entry.get("max_model_len")
+    if isinstance(limit, int) and cfg.max_completion_length >= limit:  # vLLM would cut every completion short
+        report.problems.append(f"engine: the vLLM server at {url} holds {limit} tokens per sequence (its "
+                               f"--max_model_len), which max_completion_length {cfg.max_completion_length} and a "
+                               "prompt do not fit in; serve with a larger --max_model_len")
     from grpo.checkpoint import CheckpointError, resolve_model
 
     try:

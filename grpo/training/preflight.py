@@ -97,7 +97,7 @@ def check_lengths(cfg: Any, found: Any, pools: dict[str, Any], report: Preflight
     """Rows whose prompt and `max_completion_length` do not fit in the model's positions (or vLLM's
     `vllm_max_model_length`), named per pool (`grpo.prompting.rows_over_context`)."""
     from grpo.checkpoint import context_length
-    from grpo.prompting import rows_over_context
+    from grpo.prompting import prompt_problems, rows_over_context
 
     limits = [n for n in (context_length(found.config),
                           cfg.vllm_max_model_length if cfg.use_vllm else None) if n is not None]
@@ -109,6 +109,11 @@ def check_lengths(cfg: Any, found: Any, pools: dict[str, Any], report: Preflight
             report.problems.append(f"vllm_draft_length: {drafted} drafted tokens per round do not fit in the "
                                    f"context of {min(limits)} positions; draft fewer")
     for label, ds in pools.items():
+        bad = prompt_problems(found.processor, ds, found.is_vlm, cfg.image_long_side)
+        if bad:
+            report.problems.append(f"{label}: {len(bad)} row(s) the model's processor cannot take: "
+                                   f"{'; '.join(bad[:5])}")
+            continue
         over = rows_over_context(found.processor, ds, found.is_vlm, min(limits, default=None),
                                  cfg.max_completion_length)
         if over:
@@ -121,10 +126,12 @@ def check_alignment(cfg: Any, found: Any, pool: Any, report: PreflightReport) ->
     fitted to `image_long_side`) agree (`grpo.rollouts.image_prompts.check_prompt_alignment`)."""
     from grpo.crop_size import with_long_side
     from grpo.pool import as_prompts
+    from grpo.prompting import prompt_problems
     from grpo.rollouts.image_prompts import PromptAlignmentError, check_prompt_alignment
 
-    if pool is None or not len(pool) or "image" not in pool.column_names:
-        return  # named by the pool check
+    if pool is None or not len(pool) or "image" not in pool.column_names or \
+            prompt_problems(found.processor, pool.select([0]), True, cfg.image_long_side):
+        return  # named by the pool check or by `check_lengths`
     row = with_long_side(as_prompts(pool.select([0]), True), cfg.image_long_side)[0]
     try:
         check_prompt_alignment(found.processor, row)

@@ -189,10 +189,11 @@ def run_training(config: GravityGRPOConfig, resume: str | bool | None = None, ov
     """Train (or resume: True for the last checkpoint in `output_dir`, or a checkpoint folder; or `overwrite`
     an earlier run there, set aside until this one is complete); the main process writes the run folder
     (`grpo.evaluation.run_dir`), ending with the final model and its card at the root (`recipe` names the
-    YAML recipe there). Every check runs before anything is written. Returns a summary: the trainer,
+    YAML recipe there). Every check runs before anything is written; a new run then takes its folder
+    atomically (`grpo.outputs.claimed`), and a write error names the file (`grpo.outputs.writing`). Returns a summary: the trainer,
     training rewards and probe records by step, the held-out before/after change, the wall-time split,
     `stopped_at` and the files written."""
-    from grpo.outputs import claimed, set_aside
+    from grpo.outputs import claimed, set_aside, writing
     from grpo.training.preflight import RUN_STAMP, require_runnable
 
     pools = require_runnable(config, resume=resume, overwrite=overwrite).pools
@@ -202,7 +203,8 @@ def run_training(config: GravityGRPOConfig, resume: str | bool | None = None, ov
             stack.enter_context(set_aside(Path(config.output_dir)))
         if main and not resume:  # a new run: the folder is taken atomically, so a second run started at once stops
             stack.enter_context(claimed(Path(config.output_dir), RUN_STAMP))
-        return _train(config, resume, pools, recipe)
+        with writing(Path(config.output_dir)):
+            return _train(config, resume, pools, recipe)
 
 
 def _train(config: GravityGRPOConfig, resume: str | bool | None, pools: dict, recipe: str | None) -> dict[str, Any]:

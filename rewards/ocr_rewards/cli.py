@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .console import console, print_error
-from .errors import UserError
+from .errors import UserError, write_errno
 
 HELP = "score a prediction against its reference (or a JSONL file of pairs) with the OCR rewards"
 CHECK_FAILED_EXIT = 1  # --check: some case is outside its bounds
@@ -43,9 +43,38 @@ def boundary(run: Callable[[], int], verbose: bool, hint: Callable[[UserError], 
     return code
 
 
+class _NamedStream:
+    """`sys.stdout` for the duration of a command: its write errors carry the name "standard output"."""
+
+    def __init__(self, stream, name: str):
+        self._stream, self._name = stream, name
+
+    def _named(self, method: str, *args):
+        try:
+            return getattr(self._stream, method)(*args)
+        except OSError as err:
+            err.filename = err.filename or self._name
+            raise
+
+    def write(self, text: str) -> int:
+        return self._named("write", text)
+
+    def flush(self) -> None:
+        self._named("flush")
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+STDOUT = "standard output"
+
+
 def _outcome(run: Callable[[], int], verbose: bool, hint: Callable[[UserError], str]) -> int:
+    stdout, sys.stdout = sys.stdout, _NamedStream(sys.stdout, STDOUT)
     try:
-        return run() or 0
+        code = run() or 0
+        sys.stdout.flush()  # here, not at exit: a full device is named like any other output
+        return code
     except UserError as err:
         if verbose:
             traceback.print_exc()
@@ -57,13 +86,32 @@ def _outcome(run: Callable[[], int], verbose: bool, hint: Callable[[UserError], 
             traceback.print_exc()
         print_error("interrupted (Ctrl-C); files already written are complete")
         return INTERRUPTED_EXIT
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
-        return 0
-    except Exception:  # noqa: BLE001 - the boundary: a bug gets its traceback and its own exit code
+    except Exception as err:  # noqa: BLE001 - the boundary: a bug gets its traceback and its own exit code
+        code = write_errno(err)
+        on_stdout = getattr(err, "filename", None) == STDOUT
+        if on_stdout:
+            _silence(stdout)  # no second error at exit's flush
+            if isinstance(err, BrokenPipeError):  # `| head`: the reader has what it wanted
+                return 0
+        if code is not None:
+            if verbose:
+                traceback.print_exc()
+            where = getattr(err, "filename", None) or "the output"
+            print_error(f"cannot write {where}: {os.strerror(code)}; what was being written there is incomplete")
+            return USER_ERROR_EXIT
         traceback.print_exc()
         print_error("internal error (a bug, not your input): please report the traceback above")
         return CRASH_EXIT
+    finally:
+        sys.stdout = stdout
+
+
+def _silence(stream) -> None:
+    """Point the file descriptor of `stream` (stdout) at /dev/null and drop what its buffer holds."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+    except (OSError, ValueError, AttributeError):  # a stream without a descriptor (a test's capture)
+        pass
 
 
 def add_score_arguments(parser: argparse.ArgumentParser) -> None:

@@ -13,6 +13,9 @@ Example:
 """
 from __future__ import annotations
 
+import errno
+import re
+
 QUOTE_CHARS = 200  # a value quoted in a message is cut here: a 5 MB YAML value must not flood the terminal
 
 
@@ -34,3 +37,17 @@ def quoted(value: object, limit: int = QUOTE_CHARS) -> str:
     Example: `quoted("x" * 10**6)` is `'xxx…' (1,000,002 characters)` at 200 characters and the note."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
+
+
+# Write errors of the machine, not of the command: a full disk or quota, a failing device, a read-only file
+# system, a file past its size limit, a closed pipe. Each ends a command as a user error naming the file.
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG, errno.EPIPE})
+
+
+def write_errno(err: BaseException) -> int | None:
+    """The errno of `err` when it is a write error (`WRITE_ERRNOS`): an `OSError`, or an error of a library that
+    writes in Rust or C and says `(os error N)` (safetensors' `SafetensorError`); None otherwise."""
+    if isinstance(err, OSError):
+        return err.errno if err.errno in WRITE_ERRNOS else None
+    found = re.search(r"\(os error (\d+)\)", str(err)) if type(err).__name__ == "SafetensorError" else None
+    return int(found.group(1)) if found and int(found.group(1)) in WRITE_ERRNOS else None

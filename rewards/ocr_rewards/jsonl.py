@@ -49,6 +49,23 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
     return value
 
 
+# The deepest nesting of arrays and objects a JSON line may hold. The project's JSON is a few levels deep; the
+# readers after `json` (datasets, pyarrow) recurse once per level, and 500 levels ended in a RecursionError there.
+MAX_JSON_DEPTH = 100
+
+
+def _nested_too_deeply(value: object) -> bool:
+    """True when `value` nests arrays and objects more than `MAX_JSON_DEPTH` deep (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > MAX_JSON_DEPTH:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
+
+
 def parse_line(raw: bytes):
     """One line's JSON value; a ValueError gives the reason it is not UTF-8 JSON (or repeats a key)."""
     text = decode_line(raw)
@@ -58,6 +75,8 @@ def parse_line(raw: bytes):
         raise ValueError(f"not JSON ({err.msg} at column {err.colno})") from None
     except RecursionError:
         raise ValueError("not JSON (nested too deeply)") from None
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _nested_too_deeply(value):
+        raise ValueError(f"nested too deeply (arrays and objects more than {MAX_JSON_DEPTH} levels deep)")
     if "\\u" in text:  # an escape may decode to half a surrogate pair: no text, and no arrow column takes it
         try:
             json.dumps(value, ensure_ascii=False).encode("utf-8")

@@ -66,7 +66,7 @@ def _first_unit_loop(text: str) -> str | None:
         return None
     import numpy as np
 
-    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)  # a lone surrogate too
     best = None
     for unit in range(UNIT_MIN, longest + 1):
         if best is not None and best[0] == 0:

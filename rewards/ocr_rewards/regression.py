@@ -104,7 +104,12 @@ def _bounds(row: dict) -> Bounds | None:
         raise ValueError(f"field 'tol' must be >= 0, got {tol:g}")
     if low is not None and high is not None and low > high:
         raise ValueError(f"'min' {low:g} is above 'max' {high:g}")
-    return Bounds(expect=expect, tol=DEFAULT_TOL if tol is None else tol, min=low, max=high)
+    tol = DEFAULT_TOL if tol is None else tol
+    for name, unmet in (("expect", expect is not None and (expect - tol > 1 or expect + tol < 0)),
+                        ("min", low is not None and low > 1), ("max", high is not None and high < 0)):
+        if unmet:  # a bound no reward meets: the check would fail whatever the scorer does
+            raise ValueError(f"field {name!r} {row[name]:g} can never be met: every reward lies in [0, 1]")
+    return Bounds(expect=expect, tol=tol, min=low, max=high)
 
 
 def _unknown_fields(row: dict) -> str | None:

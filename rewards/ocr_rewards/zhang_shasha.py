@@ -16,9 +16,11 @@ import functools
 import numpy as np
 
 # Bounds so that a pathological prediction cannot hang or exhaust memory (the callers map the error to a
-# documented low score). A 100x10 table is ~1,100 nodes and ~1e7 work; these limits are ~5x and ~30x that.
+# documented low score). A 100x10 table is ~1,100 nodes and ~1e7 work; these limits are ~5x and ~5x that.
 MAX_NODES = 5_000          # per tree: the (n1, n2) float64 matrix is then at most 200 MB
-MAX_WORK = 300_000_000     # inner-loop cells of Zhang–Shasha, about one second compiled
+# Inner-loop cells of Zhang–Shasha: 11–24 ns each compiled on a loaded 2-core machine, so at most ~1.2 s, within
+# the 2 s a reward call may take. Two 70x70 tables (2.2e8 cells) took 2.4–5.1 s under the earlier 3e8.
+MAX_WORK = 50_000_000
 
 
 class TreeTooLarge(ValueError):
