@@ -7,7 +7,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export VLLM_CPU_OMP_THREADS_BIND ?= nobind
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup path-check test test-fast demo bench clean gpu-wheels gpu-check gpu-rehearsal gpu-tests
+.PHONY: setup path-check test test-fast demo bench clean gpu-wheels gpu-check gpu-rehearsal gpu-tests tiny-vlm
 
 setup: path-check $(STAMP)
 
@@ -76,6 +76,18 @@ demo: setup
 
 bench: setup
 	$(PY) benchmarks/rewards_bench.py
+
+# Rebuild the tiny GLM-OCR (docs/vlm.md) into $(VLM_BUILD): its init, then each joint stage from the stage before.
+# A stage whose output is complete (its block_diffusion.json, written last) is skipped, so a stopped build goes on
+# at the stage it stopped in.
+VLM_BUILD ?= runs/tiny-vlm
+tiny-vlm: setup
+	test -f $(VLM_BUILD)/model-init/block_diffusion.json || PYTHONPATH=tests $(PY) -c \
+	  "from helpers_models import build_reading_glmocr; build_reading_glmocr('$(VLM_BUILD)/model-init')"
+	test -f $(VLM_BUILD)/model-base/block_diffusion.json || HF_HUB_OFFLINE=1 $(PY) -m grpo.cli joint \
+	  --config configs/joint_tiny_vlm_base.yaml --model $(VLM_BUILD)/model-init --out $(VLM_BUILD)/model-base --overwrite
+	test -f $(VLM_BUILD)/model/block_diffusion.json || HF_HUB_OFFLINE=1 $(PY) -m grpo.cli joint \
+	  --config configs/joint_tiny_vlm.yaml --model $(VLM_BUILD)/model-base --out $(VLM_BUILD)/model --overwrite
 
 clean:
 	rm -rf .venv build *.egg-info

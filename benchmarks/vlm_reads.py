@@ -2,7 +2,7 @@
 
 For each `--seeds` seed, the first `--rows` crops of `tiny-probe@SEED` rendered by `build_image_split` are decoded
 self-speculatively (greedy, fp32, with the AR-greedy comparison) and scored, then the same rows with a white crop
-of the same size (`grpo.synthetic.reading.read_check`). Printed per task and over all: reward on real and blank
+of the same size (`grpo.synthetic.reading.read_check`). Printed over all, per task and per task by the crop's lines: reward on real and blank
 crops, real - blank with its 95% bootstrap interval, TPF and the AR-equal share; `--out` writes them as JSON.
 
     python benchmarks/vlm_reads.py --model tiny-vlm --seeds 101 102 --rows 24
@@ -32,9 +32,9 @@ def main() -> None:
     ckpt = load_checkpoint(args.model, need_drafter=True)
     report = read_check(ckpt.model, ckpt.processor, ckpt.bd, args.seeds, args.rows, args.max_new_tokens)
     print(f"{args.model}: seeds {args.seeds}, {args.rows} crops each")
-    print(f"{'task':8} {'n':>4} {'real':>6} {'blank':>6} {'real-blank':>10} {'95% interval':>16} {'TPF':>5} {'AR-eq':>6}")
+    print(f"{'group':16} {'n':>4} {'real':>6} {'blank':>6} {'real-blank':>10} {'95% interval':>16} {'TPF':>5} {'AR-eq':>6}")
     for task, r in report.items():
-        print(f"{task:8} {r['n']:4d} {r['after']:6.3f} {r['before']:6.3f} {r['diff']:+10.3f} "
+        print(f"{task:16} {r['n']:4d} {r['after']:6.3f} {r['before']:6.3f} {r['diff']:+10.3f} "
               f"[{r['low']:+.3f}, {r['high']:+.3f}] {r['tpf']:5.2f} {r['ar_equal']:6.0%}")
     if args.out:
         args.out.write_text(json.dumps({"model": args.model, "seeds": args.seeds, "rows": args.rows,

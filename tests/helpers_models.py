@@ -84,7 +84,10 @@ def build_text_checkpoint(out_dir: Path, bd_size: int = 8, seed: int = 0, hidden
 
 def build_glmocr_checkpoint(out_dir: Path, bd_size: int = 8, seed: int = 0, init_std: float = 0.2,
                             head_dim: int = 16, temporal_patch_size: int = 1, patch_size: int = 2,
-                            intermediate_size: int = 128, head_std: float | None = None) -> Path:
+                            intermediate_size: int = 128, head_std: float | None = None, hidden: int = 64,
+                            layers: int = 2, vision_depth: int = 1, vision_hidden: int = 32,
+                            vision_std: float | None = None, rope_theta: float = 10000.0,
+                            mrope_section: tuple[int, int, int] | None = None) -> Path:
     """Random tiny GlmOcrForConditionalGeneration + tokenizer with GLM-OCR's special tokens + `<|mask|>`, joint
     format. The vocabulary is built at its final size (`<|mask|>` included, its embedding and output rows zero),
     so no embedding resize draws rows: the weights are the same on any CPU.
@@ -93,7 +96,10 @@ def build_glmocr_checkpoint(out_dir: Path, bd_size: int = 8, seed: int = 0, init
     `intermediate_size` 192 (vLLM sizes the vision merger's MLP by the text MLP width, HF by 3 x the vision
     output width, 3 x 64; the real GLM-OCR has both equal, see `grpo.rollouts.engine.check_vlm_for_vllm`).
     `head_std` set: the output rows are redrawn with that std and the image tokens' rows are zero, so, as in a
-    trained GLM-OCR, the image tokens get almost no probability (logit 0 among logits of std ~8 x head_std)."""
+    trained GLM-OCR, the image tokens get almost no probability (logit 0 among logits of std ~8 x head_std).
+    `vision_std` set: every vision weight matrix is redrawn with std `vision_std / sqrt(fan-in)` (a small uniform
+    std makes the patch features of a crop nearly equal, and the decoder learns to ignore them).
+    `mrope_section`: rotary pairs of (temporal, height, width), summing to head_dim / 2 (None: GLM's 1:1.5:2.5)."""
     from transformers import GlmOcrConfig, GlmOcrForConditionalGeneration
 
     from grpo.checkpoint import MASK_TOKEN
@@ -103,15 +109,18 @@ def build_glmocr_checkpoint(out_dir: Path, bd_size: int = 8, seed: int = 0, init
                                plain=GLM_PLAIN_TOKENS)
     ids = dict(zip(IMAGE_TOKENS, tok.convert_tokens_to_ids(list(IMAGE_TOKENS))))
     torch.manual_seed(seed)
-    mrope_section = [head_dim // 8, 3 * head_dim // 16, head_dim // 2 - head_dim // 8 - 3 * head_dim // 16]
+    if mrope_section is None:
+        mrope_section = (head_dim // 8, 3 * head_dim // 16, head_dim // 2 - head_dim // 8 - 3 * head_dim // 16)
     config = GlmOcrConfig(
-        text_config=dict(vocab_size=len(tok), hidden_size=64, intermediate_size=intermediate_size, num_hidden_layers=2,
+        text_config=dict(vocab_size=len(tok), hidden_size=hidden, intermediate_size=intermediate_size,
+                         num_hidden_layers=layers,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
                          max_position_embeddings=4096, initializer_range=init_std,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                          "mrope_section": mrope_section, "partial_rotary_factor": 1.0},
+                         rope_parameters={"rope_type": "default", "rope_theta": rope_theta,
+                                          "mrope_section": list(mrope_section), "partial_rotary_factor": 1.0},
                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id),
-        vision_config=dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64,
+        vision_config=dict(depth=vision_depth, hidden_size=vision_hidden, num_heads=2,
+                           intermediate_size=2 * vision_hidden, out_hidden_size=hidden,
                            patch_size=patch_size, temporal_patch_size=temporal_patch_size, spatial_merge_size=2,
                            image_size=16),
         image_token_id=ids["<|image|>"], video_token_id=ids["<|video|>"],
@@ -121,6 +130,9 @@ def build_glmocr_checkpoint(out_dir: Path, bd_size: int = 8, seed: int = 0, init
     model = GlmOcrForConditionalGeneration(config).eval()
     mask_id = tok.convert_tokens_to_ids(MASK_TOKEN)
     with torch.no_grad():
+        if vision_std is not None:
+            for weight in (p for p in model.model.visual.parameters() if p.dim() > 1):
+                weight.normal_(0.0, vision_std / weight[0].numel() ** 0.5)
         if head_std is not None:
             model.lm_head.weight.normal_(0.0, head_std)
             model.lm_head.weight[list(ids.values())] = 0.0
@@ -163,31 +175,48 @@ def save_full_glm_processor(ckpt_dir: Path, max_pixels: int = 1024, patch_size: 
                     chat_template=GLM_CHAT_TEMPLATE).save_pretrained(ckpt_dir)
 
 
-def build_vllm_glmocr(out_dir: Path, max_pixels: int = 1024, **kwargs) -> Path:
+def build_vllm_glmocr(out_dir: Path, max_pixels: int = 1024, patch_size: int = 2, intermediate_size: int = 192,
+                      **kwargs) -> Path:
     """A tiny GLM-OCR joint checkpoint that vLLM serves as transformers runs it (CPU and CUDA), with the full
-    processor: text head_dim 32, temporal_patch_size 2, text MLP width = vision merger width (192), and image
-    tokens that take almost no probability: vLLM bans them from rollouts (`rollout_generation_kwargs`), and a
-    model that gives them mass p is scored by the loss on another distribution (sampling_logp_difference
+    processor: text head_dim 32, temporal_patch_size 2, text MLP width = vision merger width (3 x the text width),
+    and image tokens that take almost no probability: vLLM bans them from rollouts (`rollout_generation_kwargs`),
+    and a model that gives them mass p is scored by the loss on another distribution (sampling_logp_difference
     -log(1 - p) per token; measured up to 0.32 on a random head, docs/vlm.md)."""
     import shutil
 
-    out_dir = build_glmocr_checkpoint(out_dir, head_dim=32, temporal_patch_size=2, intermediate_size=192,
-                                      head_std=0.6, **kwargs)
+    out_dir = build_glmocr_checkpoint(out_dir, head_dim=32, temporal_patch_size=2, patch_size=patch_size,
+                                      intermediate_size=intermediate_size, head_std=0.6, **kwargs)
     shutil.rmtree(out_dir / "_tokenizer")
-    save_full_glm_processor(out_dir, max_pixels=max_pixels)
+    save_full_glm_processor(out_dir, max_pixels=max_pixels, patch_size=patch_size)
     return out_dir
+
+
+# The tiny GLM-OCR that reads (docs/vlm.md): one merged image token (patch 4 x merge 2 = 8 pixels) per character
+# cell of the tiny world's renderer, and a pixel budget (two frames) that lets its tallest crop through
+# unresized; a vision tower drawn at 1/sqrt(fan-in), so patch features differ from the first step; rope theta
+# 100 with most rotary pairs on the column axis, so neighbouring columns are far apart in angle.
+READING_ROWS = 12   # cell rows the budget admits unresized (the tiny world's crops take at most 8)
+_READING_SHAPE = dict(patch_size=4, init_std=0.02, hidden=128, intermediate_size=384, layers=2, vision_hidden=64,
+                      vision_std=1.0, rope_theta=100.0, mrope_section=(1, 1, 14), bd_size=16)
+
+
+def build_reading_glmocr(out_dir: Path) -> Path:
+    """The tiny GLM-OCR's init (data/tiny/vlm/model-init): `build_vllm_glmocr` in the reading shape."""
+    from grpo.synthetic.render import CELL, COLUMNS
+
+    return build_vllm_glmocr(out_dir, max_pixels=2 * COLUMNS * CELL * READING_ROWS * CELL, **_READING_SHAPE)
 
 
 def build_tiny_vlm(root: Path, pool_rows: int = 24, probe_rows: int = 6) -> Path:
     """The committed tiny VLM recipe data (data/tiny/vlm, configs/tiny_vlm_cpu.yaml): `model-init/`
-    (`build_vllm_glmocr`; `gravity-grpo joint --config configs/joint_tiny_vlm.yaml` trains it into `model/`), and
+    (`build_reading_glmocr`; the `joint` recipes train it into `model/`), and
     `pool/` and `probe/`, rendered crops (grpo/synthetic/render.py) of the first rows of the built-in splits `tiny`
     and `tiny-probe`, saved with `save_to_disk`. Rebuild:
     `PYTHONPATH=tests python -c "from helpers_models import build_tiny_vlm; build_tiny_vlm('data/tiny/vlm')"`."""
     from grpo.synthetic.render import build_image_split
 
     root = Path(root)
-    build_vllm_glmocr(root / "model-init")
+    build_reading_glmocr(root / "model-init")
     build_image_split("tiny", pool_rows).save_to_disk(str(root / "pool"))
     build_image_split("tiny-probe", probe_rows).save_to_disk(str(root / "probe"))
     return root

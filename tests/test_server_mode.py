@@ -55,7 +55,7 @@ def serve_command(port: int) -> list[str]:
     from trl.scripts.vllm_serve import ScriptArguments, build_command
 
     command = build_command(ScriptArguments(model=served(), host="127.0.0.1", port=port, dtype="float32",
-                                            enforce_eager=True, max_model_len=256))
+                                            enforce_eager=True, max_model_len=1024))
     at = command.index("vllm.entrypoints.cli.main")
     assert command[at + 1:at + 3] == ["serve", served()]
     return [*command[:at], "vllm.entrypoints.openai.api_server", "--model", served(), *command[at + 3:]]
@@ -185,7 +185,7 @@ def test_server_rollouts_keep_the_scored_prompt_and_colocate_completions(server,
     assert prompt_ids == ids
     assert all(len(c) > 0 for c in completions)
 
-    llm = make_llm(MODEL, max_model_len=256, dtype="float32")
+    llm = make_llm(MODEL, max_model_len=1024, dtype="float32")
     colocated = one_expansion(_colocated_generate(llm), image_id)(prompts=ids, images=images, num_generations=1)
     assert colocated[0] == ids
     assert completions == colocated[1]  # greedy through the server = greedy in the colocated engine

@@ -43,7 +43,7 @@ def rows():
 def llm():
     from grpo.rollouts.engine import make_llm
 
-    return make_llm(TINY_VLM / "model", max_model_len=256, dtype="float32")
+    return make_llm(TINY_VLM / "model", max_model_len=1024, dtype="float32")
 
 
 def _hf_first_token(ckpt, row):
@@ -98,12 +98,13 @@ def test_committed_tiny_vlm_is_what_the_builder_makes(tmp_path):
     """The committed init is the builder's, bit for bit: the builder makes the vocabulary at its final size, so
     its weights come from element-wise draws only (no embedding resize, whose mean-resizing draw from the rows'
     covariance differed in the last bits between CPUs). The committed model is that init after
-    configs/joint_tiny_vlm.yaml: the same config, tokenizer and processor, other weights, B = 16."""
+    configs/joint_tiny_vlm_base.yaml and configs/joint_tiny_vlm.yaml: the same config, tokenizer and processor, other
+    weights, B = 16."""
     from safetensors.torch import load_file
 
-    from helpers_models import GLM_CHAT_TEMPLATE, build_vllm_glmocr
+    from helpers_models import GLM_CHAT_TEMPLATE, build_reading_glmocr
 
-    fresh = build_vllm_glmocr(tmp_path / "model")
+    fresh = build_reading_glmocr(tmp_path / "model")
     for name in ("config.json", "processor_config.json", "tokenizer.json", "tokenizer_config.json",
                  "chat_template.jinja", "block_diffusion.json"):
         assert (fresh / name).read_text() == (TINY_VLM / "model-init" / name).read_text(), name

@@ -30,22 +30,27 @@ def blanked(ds):
 
 def read_check(model: Any, processor: Any, bd: Any, seeds: list[int], rows: int | None = None,
                max_new_tokens: int = 512, compare_ar: bool = True) -> dict:
-    """Per task and over `all`: the paired greedy reward on real vs blank crops of the fresh probes of `seeds`
-    (`grpo.evaluation.stats.paired_interval`: `after` real, `before` blank, `diff`, its 95% `low`/`high`), and
-    for the real crops TPF and the AR-equal share (`tpf`, `ar_equal`)."""
+    """Per group (`all`, each task, each task by its crop's lines, e.g. `text/4 lines`): the paired greedy reward
+    on real vs blank crops of the fresh probes of `seeds` (`grpo.evaluation.stats.paired_interval`: `after` real,
+    `before` blank, `diff`, its 95% `low`/`high`), and for the real crops TPF and the AR-equal share (`tpf`,
+    `ar_equal`)."""
     from grpo.decoding.tpf import measure_tpf, tpf_of
     from grpo.evaluation.stats import paired_interval
+    from grpo.synthetic.render import CELL
 
-    real, blank = [], []
+    real, blank, groups = [], [], []
     for seed in seeds:
         probe = fresh_image_probe(seed, rows)
         for ds, out, compare in ((probe, real, compare_ar), (blanked(probe), blank, False)):
             stats = measure_tpf(model, processor, ds, bd, is_vlm=True, max_new_tokens=max_new_tokens,
                                 compare_ar=compare, score=True, batch_size=8)
             out.extend(stats["rows"])
+        for row in probe:
+            lines = row["image"].height // CELL
+            groups.append({"all", row["task_type"], f"{row['task_type']}/{lines} line{'s' * (lines > 1)}"})
     report = {}
-    for task in ("all", *sorted({r["task"] for r in real})):
-        pick = [i for i, r in enumerate(real) if task in ("all", r["task"])]
+    for task in sorted(set().union(*groups), key=lambda g: (g != "all", g)):
+        pick = [i for i, g in enumerate(groups) if task in g]
         report[task] = paired_interval([blank[i]["reward"] for i in pick], [real[i]["reward"] for i in pick])
         report[task]["tpf"] = tpf_of([real[i] for i in pick])
         if compare_ar:
