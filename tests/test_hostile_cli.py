@@ -723,7 +723,8 @@ def test_tpf_counts_and_numbers_are_bounded_before_any_work(here, capsys, flags,
     (["--num-generations", "1000000000"], "at most 1024 are sampled"),
     (["--hard-weight", "nan"], "ranking: hard_weight must be a finite number, got nan"),
     (["--length-scale", "0"], "ranking: length_scale is a length in characters (> 0)"),
-    (["--temperature", "inf"], "temperature=inf must be a finite number >= 0"),
+    (["--temperature", "inf"], "temperature=inf must be 0 (greedy) or a finite number >= 0.01"),
+    (["--temperature", "1e-30"], "temperature=1e-30 must be 0 (greedy) or a finite number >= 0.01 (less overflows"),
     (["--chunk-size", "100000"], "rollouts per engine call is over 65,536"),
 ])
 def test_mine_numbers_are_bounded_before_any_work(here, capsys, flags, culprit):
