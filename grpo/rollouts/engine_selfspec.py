@@ -104,7 +104,9 @@ def start_self_drafted(llm_class: Any, draft_len: int | None = None, **kwargs: A
     if kwargs.get("worker_extension_cls") not in (None, WORKER_EXTENSION):
         raise ValueError(f"a self-drafted engine takes the worker extension {WORKER_EXTENSION}, not "
                          f"{kwargs['worker_extension_cls']}")
-    kwargs = {**kwargs, **spec}
+    # A request whose prompt is a prefix-cache hit but for its last token gets draft slots in its first step, and
+    # vLLM 0.32 loses their draft probabilities (seen with GRPO's groups of one long image prompt): no prefix cache.
+    kwargs = {**kwargs, **spec, "enable_prefix_caching": False}
     if kwargs.get("max_num_batched_tokens") and kwargs.get("max_num_seqs"):
         kwargs["max_num_batched_tokens"] = batched_tokens(kwargs["max_num_batched_tokens"], kwargs["max_num_seqs"],
                                                           spec["speculative_config"]["num_speculative_tokens"])
