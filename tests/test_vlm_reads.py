@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpo.synthetic.reading import blanked
+
 pytestmark = pytest.mark.slow
 pytest.importorskip("torchvision", reason="GLM-OCR's processor needs torchvision: run `make setup`")
 
@@ -47,12 +49,6 @@ def _with_images(ds, images):
     return ds.map(lambda row, i: {"image": images[i]}, with_indices=True)
 
 
-def _blank(ds):
-    from PIL import Image
-
-    return _with_images(ds, [Image.new("RGB", image.size, "white") for image in ds["image"]])
-
-
 def _swapped(ds):
     """Each row shown the crop of the next row of its task (crops of one task, so only the content differs)."""
     images, tasks = list(ds["image"]), ds["task_type"]
@@ -75,7 +71,7 @@ def _reward(ckpt, ds, **options) -> float:
 def test_decoding_reads_the_crop_it_is_given(ckpt, rows):
     real = _reward(ckpt, rows)
     assert real > 0.35, real
-    assert real > _reward(ckpt, _blank(rows)) + MARGIN
+    assert real > _reward(ckpt, blanked(rows)) + MARGIN
     assert real > _reward(ckpt, _swapped(rows)) + MARGIN
 
 
@@ -116,7 +112,7 @@ def test_the_losss_forward_sees_the_crop(ckpt, rows, tmp_path):
         return sum(means) / len(means)
 
     real = mean_logp(rows)
-    assert real > mean_logp(_blank(rows)) + 1.0
+    assert real > mean_logp(blanked(rows)) + 1.0
     assert real > mean_logp(_swapped(rows)) + 1.0
 
 
@@ -130,7 +126,7 @@ def test_vllm_rollouts_of_real_crops_are_rewarded_above_blank_ones(tmp_path):
 
     pool = load_pool(str(TINY_VLM / "pool")).select(range(8))
     rewards = {}
-    for name, ds in (("real", pool), ("blank", _blank(pool))):
+    for name, ds in (("real", pool), ("blank", blanked(pool))):
         ds.save_to_disk(str(tmp_path / name))
         out = tmp_path / f"run-{name}"
         run_training(load_config(ROOT / "configs" / "tiny_vlm_cpu.yaml", {
