@@ -28,7 +28,6 @@ from grpo.training.config import (MAX_PROCESSES, ConfigProblems, GravityGRPOConf
 from grpo.training.report import PreflightReport, batch_facts, probe_facts, steps_per_epoch
 from grpo.yaml_config import ConfigError
 
-RUN_STAMP = "gravity-grpo train"  # the marker a run folder carries (grpo.outputs.mark)
 RAW_OUTPUT_KEYS = ("output_dir", "pool", "probe_set", "model", "report_to")  # what the output check reads
 
 
@@ -142,7 +141,7 @@ def check_alignment(cfg: Any, found: Any, pool: Any, report: PreflightReport) ->
 def is_own_run(folder: Path) -> bool:
     """True when `folder` is a run folder `train` wrote: its marker, or (runs from before the marker) a
     `run_config.json` that parses to a config naming its `output_dir`."""
-    from grpo.evaluation.run_dir import RunDir
+    from grpo.evaluation.run_dir import RUN_STAMP, RunDir
     from grpo.outputs import owns_folder
 
     if owns_folder(folder, RUN_STAMP):

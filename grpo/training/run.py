@@ -15,7 +15,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from grpo.evaluation.run_dir import DRIFT_PNG, METRICS_JSONL, MODEL_CARD, REWARD_PNG, WALL_TIME, RunDir
+from grpo.evaluation.run_dir import (DRIFT_PNG, METRICS_JSONL, MODEL_CARD, REWARD_PNG, RUN_STAMP, WALL_TIME,
+                                     RunDir)
 from grpo.hardware import vllm_on_cpu
 from grpo.training.config import GravityGRPOConfig
 from grpo.training.trainer import GravityGRPOTrainer
@@ -191,10 +192,10 @@ def run_training(config: GravityGRPOConfig, resume: str | bool | None = None, ov
     (`grpo.evaluation.run_dir`), ending with the final model and its card at the root (`recipe` names the
     YAML recipe there). Every check runs before anything is written; a new run then takes its folder
     atomically (`grpo.outputs.claimed`), and a write error names the file (`grpo.outputs.writing`). Returns a summary: the trainer,
-    training rewards and probe records by step, the held-out before/after change, the wall-time split,
-    `stopped_at` and the files written."""
+    training rewards and probe records by step, the held-out before/after change (main process; None on the
+    others), the wall-time split, `stopped_at` and the files written."""
     from grpo.outputs import claimed, set_aside, writing
-    from grpo.training.preflight import RUN_STAMP, require_runnable
+    from grpo.training.preflight import require_runnable
 
     pools = require_runnable(config, resume=resume, overwrite=overwrite).pools
     main = config.process_index == 0
@@ -215,7 +216,6 @@ def _train(config: GravityGRPOConfig, resume: str | bool | None, pools: dict, re
     from ocr_rewards import TASKS
 
     from grpo.outputs import mark
-    from grpo.training.preflight import RUN_STAMP
 
     run = RunDir(config.output_dir)
     trainer = build_trainer(config, pools)
