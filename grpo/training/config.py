@@ -389,6 +389,24 @@ def fields() -> Fields:
     return Fields(GravityGRPOConfig, GravityModelConfig, exclude=UNUSED_MODEL_FIELDS)
 
 
+def saved_config_problems(saved: dict[str, Any], source: str) -> list[str]:
+    """The problems of a run's saved config (`run_config.json`, read back by tpf-drift), found as a run's are: its
+    keys typed (`Fields.values`), then both dataclasses' `problems()`, each line naming `source`. Keys this version
+    does not know (an older run's) are left out; TRL's own checks are not rerun (they judged the run's launch,
+    and a saved config holds the values they derived, e.g. both generation_batch_size and steps_per_generation)."""
+    problems: list[str] = []
+    known = {k: v for k, v in saved.items() if k in fields().owner}
+    groups = fields().split(fields().values(known, source, problems))
+    for dtype in (GravityModelConfig, GravityGRPOConfig):
+        try:
+            dtype(**groups[dtype])
+        except ConfigProblems as err:
+            problems.extend(f"{source}: {p}" for p in err.problems)
+        except ValueError:  # TRL's own checks, past ours
+            pass
+    return problems
+
+
 def build_config(values: dict[str, Any], source: str = "config", problems: list[str] | None = None) \
         -> GravityGRPOConfig:
     """The run config of typed `values` (e.g. `fields().load(...)`). Every problem of both dataclasses (their
