@@ -134,7 +134,7 @@ def run_one(arm: Arm, seed: int, out: Path, common: dict, probe: dict, log: Call
         log(f"{arm.name} seed {seed}: done, skipped")
         return json.loads(done.read_text())
     if not (folder / TRAINED_FILE).is_file():
-        from grpo.training.preflight import RUN_STAMP
+        from grpo.evaluation.run_dir import RUN_STAMP
 
         if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
             raise CompareError(f"{folder} is in the way of the run (a link, or not a folder); move it away")

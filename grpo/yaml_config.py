@@ -81,7 +81,7 @@ def read_recipe(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, An
     except _DuplicateKey as err:
         raise ConfigError(f"{path}: {err}; give each key once") from None
     except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as err:  # a non-UTF-8 file too
-        raise ConfigError(f"{path}: not valid YAML ({_yaml_problem(err)})") from None
+        raise ConfigError(f"{path}: not valid YAML ({yaml_problem(err)})") from None
     except OSError as err:  # a folder, a device, a file without read permission
         raise ConfigError(f"{path}: cannot be read ({err.strerror or err})") from None
     if not isinstance(raw, dict):
@@ -123,7 +123,7 @@ def _unique_key_loader():
     return Loader
 
 
-def _yaml_problem(err) -> str:
+def yaml_problem(err) -> str:
     """A YAML parse error on one line: `line L, column C: context, problem`."""
     if isinstance(err, RecursionError):
         return "nested too deeply"
@@ -288,7 +288,7 @@ class Fields:
                 try:
                     value = yaml.safe_load(text)
                 except (yaml.YAMLError, RecursionError) as err:
-                    raise ConfigError(f"command line: {key.strip()}: not a YAML value ({_yaml_problem(err)})") \
+                    raise ConfigError(f"command line: {key.strip()}: not a YAML value ({yaml_problem(err)})") \
                         from None
                 typed = self.values({key.strip(): value}, "command line", problems)
                 twice = sorted(set(typed) & set(out))

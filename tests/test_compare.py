@@ -81,7 +81,7 @@ def test_train_command_layers_common_arm_and_seed(tmp_path):
 
 def test_finished_runs_are_skipped_and_interrupted_ones_restart(tmp_path, monkeypatch):
     from grpo.outputs import mark
-    from grpo.training.preflight import RUN_STAMP
+    from grpo.evaluation.run_dir import RUN_STAMP
 
     arm = compare.Arm("a", "configs/tiny_cpu.yaml")
     done = tmp_path / "a" / "seed-1"

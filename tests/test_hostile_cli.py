@@ -683,14 +683,18 @@ def test_tpf_drift_writes_only_into_its_own_places(here, capsys):
 
 
 @pytest.mark.parametrize("config, culprit", [
-    ({"probe_size": -5}, "run_config.json: probe_size = -5 is not an integer >= 1"),
-    ({"tpf_max_new_tokens": 0}, "run_config.json: tpf_max_new_tokens = 0 is not a probe setting"),
-    ({"temperature": "hot"}, "run_config.json: temperature = 'hot' is not a probe setting"),
+    ({"probe_size": -5}, "probe_size must be an integer in [1, 100000], got -5"),
+    ({"tpf_max_new_tokens": 0}, "tpf_max_new_tokens must be an integer in [1, 65536], got 0"),
+    ({"temperature": "hot"}, "temperature must be a number, got 'hot'"),
 ])
-def test_values_read_back_from_a_run_are_checked_where_read(here, capsys, config, culprit):
+def test_values_read_back_from_a_run_are_checked_as_train_checks_them(here, capsys, config, culprit):
+    """tpf-drift checks a run's saved config by the config's own checks: the line train gives for the value."""
     (here / "run").mkdir()
     (here / "run" / "run_config.json").write_text(json.dumps({"model": "tiny", "probe_set": "tiny-probe", **config}))
-    _refused_untouched(capsys, here, ["tpf-drift", "run"], culprit)
+    _refused_untouched(capsys, here, ["tpf-drift", "run"], f"run_config.json: {culprit}")
+    [(key, value)] = config.items()
+    _refused_untouched(capsys, here, ["train", "--config", RECIPE, "--dry-run", "--set", f"{key}={value}"],
+                       f"command line: {culprit}" if isinstance(value, str) else f"{RECIPE}: {culprit}")
 
 
 def test_compare_checks_its_arms_and_output_first(here, capsys):
@@ -956,15 +960,15 @@ def _run_folder(here: Path, **config) -> Path:
 
 
 @pytest.mark.parametrize("config, culprit", [
-    ({"tpf_samples": 10 ** 9}, "tpf_samples = 1000000000 is not a probe setting"),
-    ({"tpf_max_new_tokens": 10 ** 9}, "tpf_max_new_tokens = 1000000000 is not a probe setting"),
-    ({"tpf_batch_size": 10 ** 6}, "tpf_batch_size = 1000000 is not a probe setting"),
-    ({"probe_size": 10 ** 9}, "probe_size = 1000000000 is not an integer >= 1"),
-    ({"image_long_side": "huge"}, "image_long_side = 'huge' is not a probe setting"),
-    ({"tpf_preset": "fastest"}, "tpf_preset = 'fastest' is not a decode preset"),
+    ({"tpf_samples": 10 ** 9}, "tpf_samples must be an integer in [0, "),
+    ({"tpf_max_new_tokens": 10 ** 9}, "tpf_max_new_tokens must be an integer in [1, 65536], got 1000000000"),
+    ({"tpf_batch_size": 10 ** 6}, "tpf_batch_size must be an integer in [1, "),
+    ({"probe_size": 10 ** 9}, "probe_size must be an integer in [1, 100000], got 1000000000"),
+    ({"image_long_side": "huge"}, "image_long_side must be one of full, 768, 1344 or a number of pixels"),
+    ({"tpf_preset": "fastest"}, "tpf_preset must be one of cpu, gravityocr, gravityocr-bench, got 'fastest'"),
     ({"probe_set": 7}, "probe_set = 7 is not a pool name or path"),
     ({"model": 3}, "model = 3 is not a checkpoint name"),
-    ({"tpf_floor": "high"}, "tpf_floor = 'high' is not a number"),
+    ({"tpf_floor": "high"}, "tpf_floor must be a number, got 'high'"),
 ])
 def test_values_of_a_run_config_are_bounded_and_typed_where_read(here, capsys, config, culprit):
     _run_folder(here, **config)

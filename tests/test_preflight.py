@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers_cli import refused
 from helpers_env import child_env
 
 from grpo.training.preflight import preflight
@@ -101,6 +103,44 @@ def test_cli_dry_run_exit_codes():
     assert "num_generations" in bad.stdout + bad.stderr and "Traceback" not in bad.stderr
     paper = _cli("--config", str(PAPER), "--dry-run", "--num-processes", "8")
     assert paper.returncode == 2 and "24 prompts x 28 generations = 672 completions" in paper.stdout
+
+
+def _closed_port() -> int:
+    """A local port nothing listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_dry_run_and_run_name_a_bad_value_and_the_machine_problems_at_once(tmp_path, capsys):
+    """Check `dry-run-all`: the demo recipe (use_cpu: true) with server mode, QLoRA and a negative learning rate
+    names all four problems in one refusal, exit 2; the run refuses with the same lines and writes nothing."""
+    argv = ["train", "--config", str(TINY), "--output-dir", str(tmp_path / "run"), "--learning-rate", "-1",
+            "--set", "vllm_mode=server", "--set", "vllm_server_host=127.0.0.1", "--set",
+            f"vllm_server_port={_closed_port()}", "--set", "use_peft=true", "--set", "load_in_4bit=true"]
+    culprits = ("the run would not start (4 problem(s))", "learning_rate must be a number >= 0, got -1.0",
+                "engine: vllm_mode 'server' needs CUDA to train", "engine: no vLLM server answers at http://127.0.0.1:",
+                "training: load_in_4bit (QLoRA) needs CUDA")
+    dry = refused(capsys, [*argv, "--dry-run"], *culprits)
+    assert refused(capsys, argv, *culprits) == dry
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("values, named, skipped", [
+    ({"vllm_mode": "server", "vllm_server_host": "127.0.0.1", "vllm_server_port": 70_000},
+     "vllm_server_port must be an integer in [1, 65535]", "is not a server URL"),
+    ({"max_completion_length": 10 ** 6}, "max_completion_length must be an integer in [1, ",
+     "longer than the context"),
+    ({"vllm_self_speculation": True, "vllm_max_model_length": 0}, "vllm_max_model_length must be an integer in [1, ",
+     "do not fit in the context"),
+])
+def test_a_check_that_reads_a_refused_value_is_skipped_and_the_others_run(values, named, skipped):
+    """A refused value is named once: the check that reads it is skipped (it would name it again, differently),
+    while every check that does not read it still runs (here: QLoRA on CPU)."""
+    report = preflight(TINY, {**values, "use_peft": True, "load_in_4bit": True})
+    assert any(named in p for p in report.problems), report.problems
+    assert not any(skipped in p for p in report.problems), report.problems
+    assert any(p.startswith("training: load_in_4bit (QLoRA) needs CUDA") for p in report.problems), report.problems
 
 
 @pytest.mark.parametrize("compare, first, later", [("always", 2 + 8, 2 + 8), ("first", 2 + 8, 2), ("never", 2, 2),

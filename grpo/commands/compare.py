@@ -36,7 +36,7 @@ def _pairs(assignments: list[str], where: str) -> dict:
     import yaml
 
     from grpo.errors import UserError, quoted
-    from grpo.yaml_config import _yaml_problem
+    from grpo.yaml_config import yaml_problem
 
     values = {}
     for assignment in assignments:
@@ -48,7 +48,7 @@ def _pairs(assignments: list[str], where: str) -> dict:
         try:
             values[key] = yaml.safe_load(value)
         except (yaml.YAMLError, RecursionError) as err:
-            raise UserError(f"{where}: {quoted(key)}: not a YAML value ({_yaml_problem(err)})") from None
+            raise UserError(f"{where}: {quoted(key)}: not a YAML value ({yaml_problem(err)})") from None
     return values
 
 

@@ -46,6 +46,18 @@ def check_out(args: argparse.Namespace, run_dir) -> Path:
                          overwrite=args.overwrite, within=run_dir.path)
 
 
+def check_saved_config(run_dir) -> None:
+    """The run's saved config holds values a run accepts, by the config's own checks
+    (`grpo.training.config.saved_config_problems`); a `ConfigError` lists every problem."""
+    from grpo.evaluation.run_dir import RUN_CONFIG
+    from grpo.training.config import ConfigError, saved_config_problems
+
+    problems = saved_config_problems(run_dir.read_config(), str(run_dir.file(RUN_CONFIG)))
+    if problems:
+        lines = "\n".join(f"  - {p}" for p in problems)
+        raise ConfigError(f"the run's config holds values no run accepts ({len(problems)} problem(s)):\n{lines}")
+
+
 def run(args: argparse.Namespace) -> int:
     from grpo.console import console
     from grpo.training.config import ConfigError, field_default
@@ -65,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.run_dir}: no such run folder")
     check_tree_readable(args.run_dir, "run folder")
     run_dir = RunDir(args.run_dir)
+    check_saved_config(run_dir)
     out = check_out(args, run_dir)
     records = remeasure_checkpoints(
         run_dir, field_default, probe_set=args.probe_set, probe_size=args.probe_size, max_new_tokens=args.max_new_tokens,

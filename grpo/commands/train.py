@@ -119,7 +119,8 @@ def dry_run(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from grpo.training.config import load_config
+    from grpo.training.config import ConfigProblems, load_config
+    from grpo.training.preflight import preflight
 
     if args.dry_run:
         return dry_run(args)
@@ -128,7 +129,12 @@ def run(args: argparse.Namespace) -> int:
     compile_where_possible()  # before the config: building it starts DeepSpeed's process group under a launcher
     problems: list[str] = []
     given = overrides(args, problems)
-    config = load_config(args.config, given, problems)  # every value's problem stops here, before vLLM is imported
+    try:
+        config = load_config(args.config, given, problems)  # every value's problem stops here, before vLLM is imported
+    except ConfigProblems:  # refused with every problem the dry run lists, the checks of the world's among them
+        preflight(args.config, given, resume=args.resume, overwrite=args.overwrite,
+                  problems=problems).raise_for_problems()
+        raise
     from grpo.training.run import run_training
 
     summary = run_training(config, resume=args.resume, overwrite=args.overwrite, recipe=args.config)

@@ -15,8 +15,8 @@ Every committed token is then distributed as AR sampling at T would draw it. At 
 argmax and the round is the greedy one.
 
 Example:
-    >>> decoder = BatchDecoder(model, mask_id=bd.mask_id, bd_size=16, stop_ids=stops, temperature=1.0,
-    ...                        generator=torch.Generator().manual_seed(0))          # doctest: +SKIP
+    >>> decoder = BatchDecoder(model, mask_id=bd.mask_id, bd_size=16, stop_ids=stops,
+    ...                        sampler=Sampler(1.0, torch.Generator().manual_seed(0)))  # doctest: +SKIP
     >>> results = decoder.generate([encode_prompt(tok, row, False) for row in rows])  # doctest: +SKIP
 """
 from __future__ import annotations

@@ -39,6 +39,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+# GravityOCR's published TPF before GRPO (9.68 after 500 steps; paper §3.2): the bench count of `gravityocr-bench`
+# (docs/spec.md §5), at B = 32. The dry run's probe cost and the GPU check's modelled speed-up assume it.
+PAPER_TPF = 9.61
 FULL_DRAFT_ROUND = "full draft: boundary token + B masks, every mask logit used, bonus token on a full accept"
 # The round layouts (docs/spec.md §5, "Round layouts"): what the `round` of a settings record says.
 ROUNDS = {

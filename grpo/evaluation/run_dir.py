@@ -1,5 +1,6 @@
 """A GRPO run folder: the one module that knows its files and finds them again (docs/style.md point 12).
 
+    OUTPUT/.gravity-grpo.json   the marker of a run folder train made (`RUN_STAMP`, `grpo.outputs.mark`)
     OUTPUT/run_config.json      the full config of the run (read back to re-measure its checkpoints)
     OUTPUT/metrics.jsonl        the trainer's log history, one entry per line
     OUTPUT/wall_time.json       seconds per phase and the total
@@ -33,6 +34,7 @@ from typing import Any, Callable, Iterable
 from grpo.errors import quoted
 from ocr_rewards.jsonl import read_json_object
 
+RUN_STAMP = "gravity-grpo train"  # the marker a run folder carries (grpo.outputs.mark)
 RUN_CONFIG = "run_config.json"
 METRICS_JSONL = "metrics.jsonl"
 WALL_TIME = "wall_time.json"

@@ -18,8 +18,8 @@ import time
 import torch
 
 from grpo.decoding.batch_session import BatchSession, Prefill
+from grpo.decoding.presets import PAPER_TPF
 
-PAPER_TPF = 9.61  # GravityOCR's TPF before GRPO (9.68 after 500 steps): paper §3.2
 BD_SIZE = 32      # the published checkpoint's block
 WARMUP = 3        # untimed repeats first: kernel selection, allocator
 # GLM-OCR's language decoder as published (text_config of its config.json); the vision encoder runs once per

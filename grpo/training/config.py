@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -57,6 +58,9 @@ MAX_EPOCHS = 1_000_000  # passes over the pool
 MAX_LORA_RANK = 65_536
 MAX_PROCESSES = 65_536  # launched processes: the largest clusters run a few thousand GPUs
 MAX_NUMBER = 1_000_000_000  # any other number of a config: every field is a count, a rate or a setting below it
+# A problem that refuses one key's own value (`refused_keys`): `value_problems`, the word-valued fields and
+# `grpo.yaml_config.Fields` write the key, then one of these.
+REFUSED_VALUE = re.compile(r"(?:^|: )(\w+)(?: must be |: not a YAML value| has an empty value)")
 # The fields `train --help` lists (every other field of GRPOConfig is accepted as a flag too).
 SHOWN_TRL_FIELDS = frozenset({"output_dir", "max_steps", "learning_rate", "seed", "num_generations",
                               "per_device_train_batch_size", "gradient_accumulation_steps", "beta", "use_vllm",
@@ -358,9 +362,18 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
 
 
 def field_default(name: str) -> Any:
-    """The default of the config field `name`: what a run whose `run_config.json` lacks it used."""
-    f = {f.name: f for f in dataclasses.fields(GravityGRPOConfig)}[name]
+    """The default of the config field `name` (of `GravityGRPOConfig` or `GravityModelConfig`): what a run whose
+    `run_config.json` lacks it used."""
+    f = {f.name: f for t in (GravityGRPOConfig, GravityModelConfig) for f in dataclasses.fields(t)}[name]
     return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+
+
+def refused_keys(problems: list[str]) -> set[str]:
+    """The config keys whose own value `problems` refuse: each such line reads `SOURCE: KEY must be ...` (out of its
+    range, bounds or words, or of another type), or names a command-line `KEY` with no value. Settings that exclude
+    each other refuse no value on its own."""
+    named = (REFUSED_VALUE.search(p) for p in problems)
+    return {m.group(1) for m in named if m and m.group(1) in fields().owner}
 
 
 def needs_drafter(tpf_every: int, drafter_loss_weight: float, rollout_decoder: str = "hf",
@@ -374,6 +387,24 @@ def needs_drafter(tpf_every: int, drafter_loss_weight: float, rollout_decoder: s
 def fields() -> Fields:
     """The keys of a GRPO run: `GravityGRPOConfig`'s and the LoRA/quantization ones of `GravityModelConfig`."""
     return Fields(GravityGRPOConfig, GravityModelConfig, exclude=UNUSED_MODEL_FIELDS)
+
+
+def saved_config_problems(saved: dict[str, Any], source: str) -> list[str]:
+    """The problems of a run's saved config (`run_config.json`, read back by tpf-drift), found as a run's are: its
+    keys typed (`Fields.values`), then both dataclasses' `problems()`, each line naming `source`. Keys this version
+    does not know (an older run's) are left out; TRL's own checks are not rerun (they judged the run's launch,
+    and a saved config holds the values they derived, e.g. both generation_batch_size and steps_per_generation)."""
+    problems: list[str] = []
+    known = {k: v for k, v in saved.items() if k in fields().owner}
+    groups = fields().split(fields().values(known, source, problems))
+    for dtype in (GravityModelConfig, GravityGRPOConfig):
+        try:
+            dtype(**groups[dtype])
+        except ConfigProblems as err:
+            problems.extend(f"{source}: {p}" for p in err.problems)
+        except ValueError:  # TRL's own checks, past ours
+            pass
+    return problems
 
 
 def build_config(values: dict[str, Any], source: str = "config", problems: list[str] | None = None) \

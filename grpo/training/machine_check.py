@@ -17,7 +17,7 @@ from typing import Any
 from grpo.errors import quoted
 from grpo.training.config import MAX_PROCESSES
 from grpo.training.report import PreflightReport
-from grpo.yaml_config import ConfigError, _yaml_problem
+from grpo.yaml_config import ConfigError, yaml_problem
 
 # accelerate's launcher sets these in every process it starts.
 _ACCELERATE_DEEPSPEED_ENV = "ACCELERATE_USE_DEEPSPEED"
@@ -43,7 +43,7 @@ def read_accelerate_config(path: str | Path | None) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8-sig")
         raw = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
     except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError, RecursionError) as err:
-        raise ConfigError(f"accelerate config {path}: not readable ({_yaml_problem(err)})") from None
+        raise ConfigError(f"accelerate config {path}: not readable ({yaml_problem(err)})") from None
     if raw is not None and not isinstance(raw, dict):
         raise ConfigError(f"accelerate config {path}: a {type(raw).__name__}, expected a mapping of launch settings "
                           "(num_processes: 2, ...)")

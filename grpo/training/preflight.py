@@ -4,9 +4,11 @@ The values of the config are checked where it is built (`grpo.training.config`, 
 
 `train --dry-run` runs it (`preflight`) without training; training runs it first (`require_runnable`, from
 `grpo.training.run`), so both refuse the same runs with the same messages. Every check runs, problems are
-collected, and `PreflightReport.raise_for_problems` raises one `ConfigProblems` listing them all. The batch
-geometry is TRL's own: `GRPOConfig.__post_init__` runs as if `num_processes` processes were launched (its
-`world_size` is the only thing faked).
+collected, and `PreflightReport.raise_for_problems` raises one `ConfigProblems` listing them all. A config
+whose values are refused is checked too, on its values as given (`GivenValues`): a check that reads a refused
+value is skipped, since that value's problem is listed already. The batch geometry is TRL's own:
+`GRPOConfig.__post_init__` runs as if `num_processes` processes were launched (its `world_size` is the only thing
+faked).
 
 Example:
     >>> report = preflight("configs/gravityocr_grpo.yaml", num_processes=8)   # doctest: +SKIP
@@ -19,17 +21,43 @@ import os
 from contextlib import ExitStack
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Callable
 from unittest import mock
 
 from grpo.training import machine_check as machine
 from grpo.training.config import (MAX_PROCESSES, ConfigProblems, GravityGRPOConfig, build_config, default_output_dir,
-                                  field_default, needs_drafter, read_values)
+                                  field_default, fields, needs_drafter, read_values, refused_keys)
 from grpo.training.report import PreflightReport, batch_facts, probe_facts, steps_per_epoch
 from grpo.yaml_config import ConfigError
 
-RUN_STAMP = "gravity-grpo train"  # the marker a run folder carries (grpo.outputs.mark)
 RAW_OUTPUT_KEYS = ("output_dir", "pool", "probe_set", "model", "report_to")  # what the output check reads
+
+
+class Refused(Exception):
+    """A check read a value the config refuses (`GivenValues`): the check is skipped, the value's problem is listed."""
+
+
+class GivenValues:
+    """A config's values as given, unset ones at their defaults, for the checks of a config that cannot be built:
+    reading a refused value (`refused`, e.g. `grpo.training.config.refused_keys`) raises `Refused`. The
+    LoRA/quantization keys are read as `model_args.KEY`, as on a built config."""
+
+    def __init__(self, values: dict[str, Any], refused: set[str]):
+        self._values, self._refused = values, refused
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "model_args":
+            return self
+        if name in self._refused:
+            raise Refused(name)
+        try:
+            return self._values[name] if name in self._values else field_default(name)
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def value(self, name: str) -> Any:
+        """The value of `name` as given, refused or not (for the checks that take any value of its type)."""
+        return self._values.get(name, field_default(name))
 
 
 def build_as_launched(values: dict[str, Any], num_processes: int, local_hardware: bool, source: str = "config",
@@ -142,7 +170,7 @@ def check_alignment(cfg: Any, found: Any, pool: Any, report: PreflightReport) ->
 def is_own_run(folder: Path) -> bool:
     """True when `folder` is a run folder `train` wrote: its marker, or (runs from before the marker) a
     `run_config.json` that parses to a config naming its `output_dir`."""
-    from grpo.evaluation.run_dir import RunDir
+    from grpo.evaluation.run_dir import RUN_STAMP, RunDir
     from grpo.outputs import owns_folder
 
     if owns_folder(folder, RUN_STAMP):
@@ -194,11 +222,27 @@ def check_outputs(cfg: Any, report: PreflightReport, resume: str | bool | None =
         report.problems.append(f"report_to: {', '.join(missing)} not installed here (pip install it, or drop it)")
 
 
+def unless_refused(check: Callable[..., None], *args: Any) -> None:
+    """`check(*args)`, skipped where it reads a value the config refuses (`Refused`: that problem is listed)."""
+    try:
+        check(*args)
+    except Refused:
+        pass
+
+
+def check_probe_size(cfg: Any, probe_rows: int | None, report: PreflightReport) -> None:
+    """The probe set holds `probe_size` rows (`probe_rows`: its rows, None without the probe)."""
+    if probe_rows is not None and probe_rows < cfg.probe_size:
+        report.problems.append(f"probe set {cfg.probe_set}: {probe_rows} rows, fewer than probe_size {cfg.probe_size}")
+
+
 def check_run(cfg: Any, num_processes: int, *, local_hardware: bool = True, accelerate: dict | None = None,
-              report: PreflightReport | None = None, get: Any = None, resume: str | bool | None = None,
+              report: PreflightReport | None = None, resume: str | bool | None = None,
               overwrite: bool = False) -> PreflightReport:
     """The one run check: checkpoint, pools, launcher, hardware, engine and training support of `cfg` (a
-    `GravityGRPOConfig`, or None when it could not be built; `get(name)` then reads the raw values).
+    `GravityGRPOConfig`, or the `GivenValues` of one that could not be built: the checkpoint, the pools and the
+    output folder are then checked on the values as given, and each later check is skipped where it reads a
+    refused value; the batch geometry and the probe's cost need the built config).
 
     Training calls it through `require_runnable` and the dry run through `preflight`, so both refuse the
     same runs with the same messages.
@@ -207,7 +251,8 @@ def check_run(cfg: Any, num_processes: int, *, local_hardware: bool = True, acce
     from grpo.prompting import handles_images
 
     report = report if report is not None else PreflightReport()
-    get = get or (lambda name: getattr(cfg, name))
+    built = isinstance(cfg, GravityGRPOConfig)
+    get = (lambda name: getattr(cfg, name)) if built else cfg.value
     drafter = needs_drafter(get("tpf_every"), get("drafter_loss_weight"), get("rollout_decoder"),
                             get("vllm_self_speculation"))
     found = check_checkpoint(str(get("model")), drafter, report)
@@ -216,26 +261,28 @@ def check_run(cfg: Any, num_processes: int, *, local_hardware: bool = True, acce
     probe_rows = check_pool(str(get("probe_set")), is_vlm, report, label="probe set") if get("tpf_every") > 0 \
         else None
     machine.check_launch(accelerate or {}, report)
-    check_outputs(cfg or SimpleNamespace(**{k: get(k) for k in RAW_OUTPUT_KEYS}), report, resume, overwrite)
-    if cfg is None:
-        return report
-    if probe_rows is not None and probe_rows < cfg.probe_size:
-        report.problems.append(f"probe set {cfg.probe_set}: {probe_rows} rows, fewer than probe_size {cfg.probe_size}")
-    if pool_rows is not None and steps_per_epoch(cfg, num_processes, pool_rows) == 0:
+    check_outputs(cfg if built else SimpleNamespace(**{k: get(k) for k in RAW_OUTPUT_KEYS}), report, resume,
+                  overwrite)
+    unless_refused(check_probe_size, cfg, probe_rows, report)
+    if built and pool_rows is not None and steps_per_epoch(cfg, num_processes, pool_rows) == 0:
         report.problems.append(f"pool {cfg.pool}: {pool_rows} rows make 0 optimizer steps per epoch at "
                                f"{cfg.generation_batch_size // cfg.num_generations} prompts per generation")
     if found is not None and (not found.is_vlm or handles_images(found.processor)):  # else named above
-        check_lengths(cfg, found, report.pools, report)
+        unless_refused(check_lengths, cfg, found, report.pools, report)
         if found.is_vlm:
-            check_alignment(cfg, found, report.pools.get("pool"), report)
-    cpu = torch_on_cpu(cfg.use_cpu, local=local_hardware)
+            unless_refused(check_alignment, cfg, found, report.pools.get("pool"), report)
+    try:
+        cpu = torch_on_cpu(cfg.use_cpu, local=local_hardware)
+    except Refused:  # where the run trains is not known: the machine's checks wait for use_cpu
+        return report
     if local_hardware:
-        machine.check_hardware(cfg, num_processes, report)
-    machine.check_engine(cfg, is_vlm, cpu, report)
-    machine.check_server(cfg, cpu, report)
-    machine.check_training(cfg, found, cpu, report)
-    report.facts.update(batch_facts(cfg, num_processes, pool_rows))
-    report.facts.update(probe_facts(cfg, num_processes))
+        unless_refused(machine.check_hardware, cfg, num_processes, report)
+    unless_refused(machine.check_engine, cfg, is_vlm, cpu, report)
+    unless_refused(machine.check_server, cfg, cpu, report)
+    unless_refused(machine.check_training, cfg, found, cpu, report)
+    if built:
+        report.facts.update(batch_facts(cfg, num_processes, pool_rows))
+        report.facts.update(probe_facts(cfg, num_processes))
     return report
 
 
@@ -279,13 +326,13 @@ def preflight(config_path: str | Path | None = None, overrides: dict[str, Any] |
     n = num_processes or int(accelerate.get("num_processes") or os.environ.get("WORLD_SIZE") or 1)
     if not local_hardware:
         report.notes.append(f"run for {n} processes elsewhere: this machine's GPU and bf16 are not checked")
-    cfg = None
+    cfg = GivenValues(values, set(fields().owner))  # an unread recipe: no value is known
     try:
         if not unread:
             cfg = build_as_launched(values, n, local_hardware, str(config_path or "config"), problems)
     except ConfigProblems as err:  # the values' problems, with those found before
         problems = err.problems
+        cfg = GivenValues(values, refused_keys(problems))
     report.problems.extend(problems)
-    get = None if cfg is not None else (lambda name: values.get(name, field_default(name)))
-    return check_run(cfg, n, local_hardware=local_hardware, accelerate=accelerate, report=report, get=get,
-                     resume=resume, overwrite=overwrite)
+    return check_run(cfg, n, local_hardware=local_hardware, accelerate=accelerate, report=report, resume=resume,
+                     overwrite=overwrite)

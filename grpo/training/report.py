@@ -11,10 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo.decoding.presets import PAPER_TPF
 from grpo.training.config import ConfigProblems
-
-# Tokens per forward assumed for the probe-cost estimate: the paper's TPF before GRPO at B = 32 (docs/spec.md §5).
-ASSUMED_TPF = 9.61
 
 
 @dataclass
@@ -67,7 +65,7 @@ def batch_facts(cfg: Any, num_processes: int, pool_rows: int | None) -> dict[str
     return facts
 
 
-def probe_facts(cfg: Any, num_processes: int, tpf: float = ASSUMED_TPF) -> dict[str, str]:
+def probe_facts(cfg: Any, num_processes: int, tpf: float = PAPER_TPF) -> dict[str, str]:
     """Forwards per TPF probe, upper bound (every output runs to `tpf_max_new_tokens`) at `tpf` tokens per
     forward: greedy self-spec, sampled self-spec (`tpf_samples` per prompt), and one forward per token of the
     prompts compared with AR greedy (`tpf_compare_ar`); batched forwards decode `tpf_batch_size` rows each."""

@@ -15,7 +15,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from grpo.evaluation.run_dir import DRIFT_PNG, METRICS_JSONL, MODEL_CARD, REWARD_PNG, WALL_TIME, RunDir
+from grpo.evaluation.run_dir import (DRIFT_PNG, METRICS_JSONL, MODEL_CARD, REWARD_PNG, RUN_STAMP, WALL_TIME,
+                                     RunDir)
 from grpo.hardware import vllm_on_cpu
 from grpo.training.config import GravityGRPOConfig
 from grpo.training.trainer import GravityGRPOTrainer
@@ -169,9 +170,9 @@ def build_trainer(config: GravityGRPOConfig, pools: dict | None = None) -> Gravi
     return trainer
 
 
-def write_final_model(trainer: GravityGRPOTrainer, run: RunDir, recipe: str | None) -> None:
-    """The final model at the run folder's root (every process: ZeRO-3 gathers), and its model card."""
-    from grpo.evaluation.drift import held_out_change
+def write_final_model(trainer: GravityGRPOTrainer, run: RunDir, recipe: str | None, held_out: dict | None) -> None:
+    """The final model at the run folder's root (every process: ZeRO-3 gathers), and its model card with the
+    `held_out` change (`grpo.evaluation.drift.held_out_change`)."""
     from grpo.evaluation.model_card import model_card
 
     trainer.save_model(str(run.path))
@@ -180,7 +181,7 @@ def write_final_model(trainer: GravityGRPOTrainer, run: RunDir, recipe: str | No
     settings = trainer.args.reward_settings
     run.write_model_card(model_card(
         source=trainer.model_source.describe(), recipe=recipe,
-        steps=trainer.state.global_step, held_out=held_out_change(run),
+        steps=trainer.state.global_step, held_out=held_out,
         rewards=f"OcrReward(gate={settings.gate!r}, table_bonus={settings.table_bonus!r})"))
 
 
@@ -191,10 +192,10 @@ def run_training(config: GravityGRPOConfig, resume: str | bool | None = None, ov
     (`grpo.evaluation.run_dir`), ending with the final model and its card at the root (`recipe` names the
     YAML recipe there). Every check runs before anything is written; a new run then takes its folder
     atomically (`grpo.outputs.claimed`), and a write error names the file (`grpo.outputs.writing`). Returns a summary: the trainer,
-    training rewards and probe records by step, the held-out before/after change, the wall-time split,
-    `stopped_at` and the files written."""
+    training rewards and probe records by step, the held-out before/after change (main process; None on the
+    others), the wall-time split, `stopped_at` and the files written."""
     from grpo.outputs import claimed, set_aside, writing
-    from grpo.training.preflight import RUN_STAMP, require_runnable
+    from grpo.training.preflight import require_runnable
 
     pools = require_runnable(config, resume=resume, overwrite=overwrite).pools
     main = config.process_index == 0
@@ -215,7 +216,6 @@ def _train(config: GravityGRPOConfig, resume: str | bool | None, pools: dict, re
     from ocr_rewards import TASKS
 
     from grpo.outputs import mark
-    from grpo.training.preflight import RUN_STAMP
 
     run = RunDir(config.output_dir)
     trainer = build_trainer(config, pools)
@@ -234,13 +234,14 @@ def _train(config: GravityGRPOConfig, resume: str | bool | None, pools: dict, re
     if main_process:
         run.write_wall_time(split)
         plot_rewards(curves, run.file(REWARD_PNG))
-    write_final_model(trainer, run, recipe)
+    held_out = held_out_change(run) if main_process else None  # from the probe rows the main process wrote
+    write_final_model(trainer, run, recipe, held_out)
     trainer.accelerator.wait_for_everyone()  # the files are complete before any process reads them
     mark_stage("finished")
     probe = next((c for c in trainer.callback_handler.callbacks if isinstance(c, TpfProbeCallback)), None)
     files = {"final model and its card": MODEL_CARD, "held-out reward and TPF": DRIFT_PNG, "training reward": REWARD_PNG,
              "metrics": METRICS_JSONL, "wall-time split": WALL_TIME}
     return {"trainer": trainer, "output_dir": run.path, "steps": trainer.state.global_step,
-            "rewards": curves["reward"], "tpf": drift_records(history), "held_out": held_out_change(run),
+            "rewards": curves["reward"], "tpf": drift_records(history), "held_out": held_out,
             "wall_time": split, "stopped_at": probe.stopped_at if probe else None, "main_process": main_process,
             "files": {name: run.file(f) for name, f in files.items() if run.file(f).is_file()}}

@@ -16,7 +16,7 @@ What this adds to TRL (hooks only, no copied TRL code):
 - the null control (`reward_shuffle`, `shuffle_within_groups`): rewards permuted within each group.
 
 Example:
-    >>> trainer = build_trainer(load_config("configs/tiny_cpu.yaml"))     # doctest: +SKIP
+    >>> trainer = grpo.training.run.build_trainer(load_config("configs/tiny_cpu.yaml"))  # doctest: +SKIP
     >>> trainer.train()                                                    # doctest: +SKIP
     >>> trainer.phase_seconds["generation"]                                # doctest: +SKIP
 """
