@@ -1390,7 +1390,8 @@ def test_a_mask_token_in_a_spare_embedding_row_gets_the_mean(tmp_path):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from grpo.checkpoint import MASK_TOKEN, add_mask_token
+    from grpo.block_diffusion import MASK_TOKEN
+    from grpo.joint.mask_token import add_mask_token
     from helpers_models import build_char_tokenizer
 
     tokenizer = build_char_tokenizer(tmp_path)

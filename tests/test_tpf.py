@@ -7,7 +7,9 @@ import shutil
 import pytest
 from PIL import Image
 
-from grpo.checkpoint import BD_FILE, CheckpointError, load_checkpoint
+from grpo.block_diffusion import BD_FILE
+from grpo.checkpoint import load_checkpoint
+from grpo.errors import CheckpointError
 from grpo.cli import main
 from grpo.decoding.tpf import length_bin, measure_tpf, summarize
 from helpers_models import build_glm_processor, build_glmocr_checkpoint, build_text_checkpoint

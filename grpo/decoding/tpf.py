@@ -26,7 +26,9 @@ import torch
 from tqdm.auto import tqdm
 
 import ocr_rewards as rewards
-from grpo.checkpoint import BlockDiffusionConfig, CheckpointError, tokenizer_of
+from grpo.block_diffusion import BlockDiffusionConfig
+from grpo.checkpoint import tokenizer_of
+from grpo.errors import CheckpointError
 from grpo.decoding.batched import BatchARDecoder, BatchDecoder, Sampler
 from grpo.decoding.diffusion import diffusion_generate
 from grpo.decoding.presets import PRESETS, DecodePreset, settings_record

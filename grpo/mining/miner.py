@@ -162,7 +162,8 @@ def mine(cfg: MineConfig, llm=None) -> dict:
     already mined, or `cfg.hf_generate`).
     """
     from grpo.pool import load_pool, policy_mismatch
-    from grpo.checkpoint import is_vlm_checkpoint, locate
+    from grpo.checkpoint import is_vlm_checkpoint
+    from grpo.model_source import locate
 
     output_folder(cfg.output_dir, "output", kind="mining run (no mining/manifest.json)",
                   is_own=lambda out: MiningStore(out).is_run(), inputs=[cfg.pool, cfg.model], setting="out")

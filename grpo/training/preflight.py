@@ -71,7 +71,9 @@ def check_pool(spec: str, is_vlm: bool | None, report: PreflightReport, label: s
 def check_checkpoint(spec: str, need_drafter: bool, report: PreflightReport):
     """The checkpoint as loading reads it (`grpo.checkpoint.inspect_checkpoint`, no weights); returned, or None
     when it cannot be read."""
-    from grpo.checkpoint import BD_FILE, CheckpointError, inspect_checkpoint
+    from grpo.block_diffusion import BD_FILE
+    from grpo.checkpoint import inspect_checkpoint
+    from grpo.errors import CheckpointError
     from grpo.prompting import handles_images
 
     try:
