@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo.errors import quoted
-from grpo.training.config import MAX_PROCESSES
+from grpo.limits import MAX_PROCESSES
 from grpo.training.report import PreflightReport
 from grpo.yaml_config import ConfigError, _yaml_problem
 

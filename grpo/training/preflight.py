@@ -23,8 +23,9 @@ from typing import Any
 from unittest import mock
 
 from grpo.training import machine_check as machine
-from grpo.training.config import (MAX_PROCESSES, ConfigProblems, GravityGRPOConfig, build_config, default_output_dir,
-                                  field_default, needs_drafter, read_values)
+from grpo.limits import MAX_PROCESSES
+from grpo.training.config import (ConfigProblems, GravityGRPOConfig, build_config, default_output_dir, field_default,
+                                  needs_drafter, read_values)
 from grpo.training.report import PreflightReport, batch_facts, probe_facts, steps_per_epoch
 from grpo.yaml_config import ConfigError
 
