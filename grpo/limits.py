@@ -12,6 +12,12 @@ MAX_SAMPLES = 64  # sampled decodes per prompt: each is a whole decode; TPF's in
 MAX_BATCH = 256  # prompts decoded at once: their KV caches share one device
 MAX_BD_SIZE = 4096  # draft block size B: recipes use 4 to 32; a block past any output cap is a typo
 MAX_NUM_GENERATIONS = 1024  # completions per prompt (GRPO groups, mining): recipes use 8 to 64; more is a typo
+MAX_ROLLOUTS_PER_CALL = 65_536  # mining: prompts x rollouts held in memory at once (one engine call, one part file)
+# A prompt longer than this is a bad row before any tokenizer sees it: a token spans a few characters, so it
+# holds far more tokens than any model's context (131,072 at most among those served here), and tokenizing
+# tens of megabytes would keep a dry run silent for minutes.
+MAX_PROMPT_CHARS = 1_048_576
+MAX_NAME_CHARS = 100  # a name that becomes a folder name (an arm, a run)
 # The lowest sampling temperature > 0: logits divided by less overflow half precision (65,504 / a logit of ~50 is
 # ~1e-3) and 1e-300 overflows any float to inf (softmax then gives NaN); below it sampling is greedy in all but name.
 MIN_TEMPERATURE = 0.01

@@ -815,7 +815,7 @@ def test_a_damaged_done_marker_is_named(here, shards, capsys):
 
 
 def test_a_huge_prompt_is_named_by_line_before_any_tokenizer(here, capsys):
-    from grpo.pool import MAX_PROMPT_CHARS
+    from grpo.limits import MAX_PROMPT_CHARS
 
     pool = _lines(here / "pool.jsonl", [GOOD_ROW, {**GOOD_ROW, "prompt": "w" * (MAX_PROMPT_CHARS + 1)}])
     _refused_untouched(capsys, here, ["train", "--config", RECIPE, "--dry-run", "--pool", str(pool)],

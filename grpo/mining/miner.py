@@ -28,7 +28,7 @@ from grpo.mining.report import write_report
 from grpo.rollouts.sampling import INDEX, HfSampler, VllmSampler
 from grpo.mining.selection import PREFER, STAT_COLUMNS, RankRule, prompt_stats, select
 from grpo.mining.store import MiningError, MiningStore, check_manifest, pool_fingerprint
-from grpo.limits import MAX_NEW_TOKENS, MAX_NUM_GENERATIONS, MAX_SEED, MIN_TEMPERATURE
+from grpo.limits import MAX_NEW_TOKENS, MAX_NUM_GENERATIONS, MAX_ROLLOUTS_PER_CALL, MAX_SEED, MIN_TEMPERATURE
 from grpo.outputs import atomic_write, output_folder, set_aside, temporary
 from grpo.crop_size import image_long_side_field, long_side, with_long_side
 from grpo.yaml_config import Fields
@@ -40,7 +40,6 @@ SAMPLING_FIELDS = ("model", "pool", "skip_bad", "num_generations", "temperature"
                    "shard", "hf_generate", "dtype", "gate", "table_bonus", "think", "image_long_side")
 PREFER_NAMES = tuple(PREFER)
 # Old key -> new key: the names `train` uses for the same things (one deprecation line each).
-MAX_ROLLOUTS_PER_CALL = 65_536  # prompts x rollouts held in memory at once (one engine call, one part file)
 ALIASES = {"data": "pool", "out": "output_dir", "k": "num_generations", "max_tokens": "max_completion_length",
            "max_model_len": "vllm_max_model_length", "gpu_memory_utilization": "vllm_gpu_memory_utilization"}
 
