@@ -724,8 +724,9 @@ def test_tpf_counts_and_numbers_are_bounded_before_any_work(here, capsys, flags,
     (["--num-generations", "1000000000"], "at most 1024 are sampled"),
     (["--hard-weight", "nan"], "ranking: hard_weight must be a finite number, got nan"),
     (["--length-scale", "0"], "ranking: length_scale is a length in characters (> 0)"),
-    (["--temperature", "inf"], "temperature=inf must be 0 (greedy) or a finite number >= 0.01"),
-    (["--temperature", "1e-30"], "temperature=1e-30 must be 0 (greedy) or a finite number >= 0.01 (less overflows"),
+    (["--temperature", "inf"], "temperature must be 0 (greedy) or a finite number >= 0.01"),
+    (["--temperature", "1e-30"], "temperature must be 0 (greedy) or a finite number >= 0.01 (less overflows the "
+                                "softmax), got 1e-30"),
     (["--chunk-size", "100000"], "rollouts per engine call is over 65,536"),
 ])
 def test_mine_numbers_are_bounded_before_any_work(here, capsys, flags, culprit):
@@ -1225,7 +1226,8 @@ def test_crops_and_prompts_the_image_processor_would_crash_on_are_named_by_row(h
     (["tpf", "--pool", "tiny-probe", "--device", "meta"], "device 'meta': a torch device that holds no data here"),
     (["tpf", "--pool", "tiny-probe", "--temperature", "1e-30", "--samples", "2"],
      "--temperature must be 0 (greedy) or a finite number >= 0.01 (less overflows the softmax), got 1e-30"),
-    (["train", "--config", RECIPE, "--dry-run", "--set", "temperature=1e-300"], "temperature must be 0 (greedy) or a finite number >= 0.01"),
+    (["train", "--config", RECIPE, "--dry-run", "--set", "temperature=1e-300"],
+     "temperature must be 0 (greedy) or a finite number >= 0.01"),
     (["train", "--config", RECIPE, "--dry-run", "--set", "vllm_mode=server", "--set",
       "vllm_server_host=exa mple"], "engine: vllm_server_host: 'http://exa mple:8000' is not a server URL"),
     (["train", "--config", RECIPE, "--dry-run", "--set", "vllm_mode=server", "--set",
