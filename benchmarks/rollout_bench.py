@@ -32,7 +32,8 @@ from pathlib import Path
 def _setup(args: argparse.Namespace):
     import torch
 
-    from grpo.checkpoint import is_vlm_checkpoint, resolve_model
+    from grpo.checkpoint import is_vlm_checkpoint
+    from grpo.model_source import resolve_model
     from grpo.pool import load_pool
     from grpo.training.config import load_config
 

@@ -20,11 +20,10 @@ import dataclasses
 import io
 from typing import Any, Mapping
 
+from grpo.limits import MAX_ASPECT_RATIO, MAX_LONG_SIDE
+
 LONG_SIDES = {"full": None, "768": 768, "1344": 1344}
-# The longest side over the shortest that the GLM-OCR image processor takes (transformers' `smart_resize` of
-# Qwen2-VL and GLM-4V refuses more with a ValueError): a crop over it is a bad row, named before any processor.
-MAX_ASPECT_RATIO = 200
-MAX_LONG_SIDE = 100_000  # pixels: GravityOCR's "never downscale" passes 99999; more is a typo, not a crop
+LONG_SIDE_VALUES = f"one of {', '.join(LONG_SIDES)} or a number of pixels in [1, {MAX_LONG_SIDE}]"  # what it must be
 IMAGE_LONG_SIDE_HELP = ("Long side crops are resized to before the policy sees them, in rollouts, mining, the TPF "
                         "probe and `tpf` (grpo/crop_size.py): 'full' (as given, GravityOCR's published "
                         "evaluation), '768' (its inference default), '1344' (its forward bench) or any N >= 1.")
@@ -38,8 +37,7 @@ def long_side(value: Any) -> int | None:
         return LONG_SIDES[text]
     if text.isdigit() and len(text) <= 6 and 1 <= int(text) <= MAX_LONG_SIDE:
         return int(text)
-    raise ValueError(f"image_long_side must be one of {', '.join(LONG_SIDES)} or a number of pixels in "
-                     f"[1, {MAX_LONG_SIDE}], got {str(value)[:40]!r}")
+    raise ValueError(f"image_long_side must be {LONG_SIDE_VALUES}, got {str(value)[:40]!r}")
 
 
 def image_long_side_field(default: str = "full") -> Any:

@@ -5,4 +5,8 @@ line and exits 2.
 """
 from ocr_rewards.errors import MissingFileError, UserError, quoted
 
-__all__ = ["MissingFileError", "UserError", "quoted"]
+__all__ = ["CheckpointError", "MissingFileError", "UserError", "quoted"]
+
+
+class CheckpointError(UserError, ValueError):
+    """A checkpoint folder that cannot serve the requested use; the message names the file and field."""

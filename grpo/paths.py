@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from grpo.errors import UserError
+from grpo.limits import MAX_NAME_CHARS
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,6 @@ def compile_where_possible() -> None:
         torch._dynamo.config.disable = True
 
 
-MAX_NAME_CHARS = 100  # a name that becomes a folder name (an arm, a run)
 MAX_PATH_BYTES, MAX_PART_BYTES = 4096, 255  # Linux's PATH_MAX and NAME_MAX
 
 

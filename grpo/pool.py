@@ -27,16 +27,13 @@ from pathlib import Path
 
 from grpo.builtin import POOLS, pool_folder
 from grpo.errors import MissingFileError, UserError
+from grpo.limits import MAX_PROMPT_CHARS
 from ocr_rewards.jsonl import read_json_object, read_lines
 from ocr_rewards.scoring import check_reference, task_problem
 
 log = logging.getLogger(__name__)
 
 REQUIRED_COLUMNS = ("prompt", "target", "task_type")
-# A prompt longer than this is a bad row before any tokenizer sees it: a token spans a few characters, so it
-# holds far more tokens than any model's context (131,072 at most among those served here), and tokenizing
-# tens of megabytes would keep a dry run silent for minutes.
-MAX_PROMPT_CHARS = 1_048_576
 FORMATS = "a save_to_disk folder, .parquet, .jsonl or a built-in split name"
 
 

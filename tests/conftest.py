@@ -28,7 +28,7 @@ def engine(text_ckpt):
 def drafted_engine():
     """As `engine`, on the tiny joint checkpoint, drafting with its own block-diffusion path
     (`vllm_self_speculation`)."""
-    from grpo.checkpoint import resolve_model
+    from grpo.model_source import resolve_model
 
     yield from _started_engine(resolve_model("tiny"), self_speculation=True)
 

@@ -102,7 +102,7 @@ def build_glmocr_checkpoint(out_dir: Path, bd_size: int = 8, seed: int = 0, init
     `mrope_section`: rotary pairs of (temporal, height, width), summing to head_dim / 2 (None: GLM's 1:1.5:2.5)."""
     from transformers import GlmOcrConfig, GlmOcrForConditionalGeneration
 
-    from grpo.checkpoint import MASK_TOKEN
+    from grpo.block_diffusion import MASK_TOKEN
 
     out_dir = Path(out_dir)
     tok = build_char_tokenizer(out_dir / "_tokenizer", extra_special=(*GLM_SPECIAL_TOKENS, MASK_TOKEN),
@@ -224,7 +224,7 @@ def build_tiny_vlm(root: Path, pool_rows: int = 24, probe_rows: int = 6) -> Path
 
 def _save_joint(model, tok, out_dir: Path, bd_size: int) -> Path:
     """Stop generation at the tokenizer's EOS, add `<|mask|>` and save in the joint format."""
-    from grpo.checkpoint import add_mask_token, save_joint_checkpoint
+    from grpo.joint.mask_token import add_mask_token, save_joint_checkpoint
 
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id

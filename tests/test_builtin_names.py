@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from grpo.builtin import ACCELERATE, MODELS, POOLS, model_folder, pool_folder, recipe, recipes
-from grpo.checkpoint import locate
+from grpo.model_source import locate
 from grpo.training.machine_check import read_accelerate_config
 from grpo.yaml_config import ConfigError, read_recipe
 

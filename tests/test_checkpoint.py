@@ -8,8 +8,11 @@ import shutil
 import pytest
 import torch
 
-from grpo.checkpoint import (BD_FILE, MASK_TOKEN, TINY_MODEL, BlockDiffusionConfig, CheckpointError,
-                             add_mask_token, load_checkpoint, resolve_model, save_joint_checkpoint)
+from grpo.block_diffusion import BD_FILE, MASK_TOKEN, BlockDiffusionConfig
+from grpo.checkpoint import load_checkpoint
+from grpo.errors import CheckpointError
+from grpo.joint.mask_token import add_mask_token, save_joint_checkpoint
+from grpo.model_source import TINY_MODEL, resolve_model
 from helpers_models import build_char_tokenizer, build_glmocr_checkpoint, build_text_checkpoint
 
 
@@ -152,7 +155,7 @@ torch.set_num_threads(int(sys.argv[1]))
 sys.path.insert(0, "tests")
 from helpers_models import build_char_tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
-from grpo.checkpoint import add_mask_token
+from grpo.joint.mask_token import add_mask_token
 torch.manual_seed(0)
 tokenizer = build_char_tokenizer(sys.argv[2])
 model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=32,

@@ -10,8 +10,10 @@ import sys
 import pytest
 import torch
 
-from grpo.checkpoint import (BD_FILE, TINY_MODEL, CheckpointError, copy_metadata, load_checkpoint, locate,
-                             resolve_model)
+from grpo.block_diffusion import BD_FILE
+from grpo.checkpoint import load_checkpoint
+from grpo.errors import CheckpointError
+from grpo.model_source import TINY_MODEL, copy_metadata, locate, resolve_model
 from helpers_cli import refused
 from helpers_env import child_env
 

@@ -10,7 +10,8 @@ import shutil
 
 import pytest
 
-from grpo.checkpoint import BD_FILE, TINY_MODEL
+from grpo.block_diffusion import BD_FILE
+from grpo.model_source import TINY_MODEL
 from grpo.cli import main
 from helpers_cli import refused
 

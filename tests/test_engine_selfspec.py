@@ -17,7 +17,7 @@ PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 def policy():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpo.checkpoint import resolve_model
+    from grpo.model_source import resolve_model
     from grpo.pool import load_pool
 
     torch.set_num_threads(1)

@@ -28,7 +28,7 @@ def test_a_second_engine_start_keeps_both_repaired():
     from vllm.platforms import current_platform
     from vllm.v1.sample import rejection_sampler
 
-    from grpo.checkpoint import resolve_model
+    from grpo.model_source import resolve_model
     from grpo.paths import glob_safe
     from grpo.pool import load_pool
     from grpo.rollouts.engine import engine_start_guard, make_llm

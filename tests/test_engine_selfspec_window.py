@@ -93,7 +93,8 @@ def _engine(model_dir, **kwargs):
 def test_text_windows_equal_the_decoders_drafting_forward():
     from vllm import SamplingParams
 
-    from grpo.checkpoint import load_checkpoint, resolve_model
+    from grpo.checkpoint import load_checkpoint
+    from grpo.model_source import resolve_model
     from grpo.pool import load_pool
 
     torch.set_num_threads(1)
@@ -163,7 +164,8 @@ def test_engine_window_drafts_as_the_decoder(config, least_tpf):
     decoder's, and it commits at least `least_tpf` tokens per forward, the drafting counted."""
     from vllm import SamplingParams
 
-    from grpo.checkpoint import load_checkpoint, resolve_model
+    from grpo.checkpoint import load_checkpoint
+    from grpo.model_source import resolve_model
     from grpo.decoding.kv_session import stop_token_ids
     from grpo.decoding.selfspec import SelfSpecDecoder
     from grpo.pool import load_pool
@@ -213,7 +215,8 @@ def test_an_engine_in_another_process_drafts_through_the_plugin(monkeypatch):
     the target itself), and the greedy outputs are HF greedy's."""
     from vllm import SamplingParams
 
-    from grpo.checkpoint import load_checkpoint, resolve_model
+    from grpo.checkpoint import load_checkpoint
+    from grpo.model_source import resolve_model
     from grpo.pool import load_pool
     from grpo.rollouts.engine import make_llm
     from grpo.rollouts.engine_selfspec import rollout_metrics, spec_counters

@@ -153,7 +153,8 @@ def test_committed_tiny_vlm_speaks_glm_ocrs_template(tmp_path):
     refused with the fix."""
     from tokenizers import processors
 
-    from grpo.checkpoint import TINY_MODEL, load_checkpoint
+    from grpo.checkpoint import load_checkpoint
+    from grpo.model_source import TINY_MODEL
     from grpo.prompting import user_turn
     from grpo.rollouts.image_prompts import PromptAlignmentError, check_prompt_alignment
     from helpers_models import GLM_CHAT_TEMPLATE, GLM_PLAIN_TOKENS, random_image
@@ -200,7 +201,7 @@ def test_committed_tiny_vlm_speaks_glm_ocrs_template(tmp_path):
 def test_configs_vllm_would_serve_wrong_are_refused_by_name(tmp_path, text, vision, message):
     import json
 
-    from grpo.checkpoint import CheckpointError
+    from grpo.errors import CheckpointError
     from grpo.rollouts.engine import check_vlm_for_vllm
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "glm_ocr", "text_config": text,

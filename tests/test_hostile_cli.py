@@ -381,14 +381,13 @@ def test_tpf_writes_only_its_own_files(here, capsys):
 
 
 @pytest.mark.parametrize("flags, culprit", [
-    (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0"),
-    (["--bd-size", "0"], "--bd-size must be >= 1, got 0"),
-    (["--bd-size", "100000", "--max-new-tokens", "64"], "--bd-size 100000: a draft block longer than "
-                                                         "--max-new-tokens 64"),
-    (["--max-new-tokens", "100000"], "--max-new-tokens 100000: the model has 2048 positions"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be an integer in [1, 65536], got 0"),
+    (["--bd-size", "0"], "--bd-size must be an integer in [1, 4096], got 0"),
+    (["--bd-size", "100", "--max-new-tokens", "64"], "--bd-size 100: a draft block longer than --max-new-tokens 64"),
+    (["--max-new-tokens", "5000"], "--max-new-tokens 5000: the model has 2048 positions"),
     (["--device", "gpu0"], "device 'gpu0': not a torch device"),
     (["--device", "cuda:7"], "device 'cuda:7': no such CUDA device here"),
-    (["--tau", "2"], "--tau is a confidence threshold in [0, 1], got 2.0"),
+    (["--tau", "2"], "--tau must be a confidence threshold in [0, 1], got 2.0"),
 ])
 def test_tpf_sizes_and_devices_are_checked_before_decoding(here, capsys, flags, culprit):
     pool = _lines(here / "pool.jsonl", [GOOD_ROW])
@@ -558,8 +557,9 @@ def _earlier_run(folder: Path) -> Path:
 
 @pytest.mark.parametrize("flags, culprit", [
     (["--learning-rate", "inf"], "learning_rate must be a finite number, got inf"),
-    (["--set", "temperature=-1"], "temperature must be a number >= 0.01"),
-    (["--set", "temperature=.nan"], "temperature must be a finite number, got nan"),
+    (["--set", "temperature=-1"], "temperature must be 0 (greedy) or a finite number >= 0.01"),
+    (["--set", "temperature=.nan"], "temperature must be 0 (greedy) or a finite number >= 0.01 (less overflows the "
+                                    "softmax), got nan"),
     (["--max-steps", "-5"], "max_steps must be an integer >= 1 (or -1: by epochs), got -5"),
     (["--seed", str(10 ** 23)], "seed must be an integer in [0, 4294967295]"),
     (["--set", "epsilon_high=-1"], "epsilon_high must be a number >= 0, got -1.0"),
@@ -712,12 +712,12 @@ def test_compare_checks_its_arms_and_output_first(here, capsys):
 
 
 @pytest.mark.parametrize("flags, culprit", [
-    (["--samples", "1000000000", "--temperature", "1"], "--samples in [1, 64]"),
-    (["--batch-size", "100000"], "--batch-size must be in [1, 256]"),
+    (["--samples", "1000000000", "--temperature", "1"], "--samples must be an integer in [1, 64]"),
+    (["--batch-size", "100000"], "--batch-size must be an integer in [1, 256]"),
     (["--temperature", "inf"], "--temperature must be 0 (greedy) or a finite number >= 0.01"),
     (["--temperature", "nan"], "--temperature must be 0 (greedy) or a finite number >= 0.01"),
-    (["--tau", "nan"], "--tau is a confidence threshold in [0, 1]"),
-    (["--seed", str(10 ** 23)], "--seed must be in [0, 4294967295]"),
+    (["--tau", "nan"], "--tau must be a confidence threshold in [0, 1]"),
+    (["--seed", str(10 ** 23)], "--seed must be an integer in [0, 4294967295]"),
 ])
 def test_tpf_counts_and_numbers_are_bounded_before_any_work(here, capsys, flags, culprit):
     _refused_untouched(capsys, here, ["tpf", "--pool", "tiny-probe", *flags], culprit)
@@ -727,8 +727,9 @@ def test_tpf_counts_and_numbers_are_bounded_before_any_work(here, capsys, flags,
     (["--num-generations", "1000000000"], "at most 1024 are sampled"),
     (["--hard-weight", "nan"], "ranking: hard_weight must be a finite number, got nan"),
     (["--length-scale", "0"], "ranking: length_scale is a length in characters (> 0)"),
-    (["--temperature", "inf"], "temperature=inf must be 0 (greedy) or a finite number >= 0.01"),
-    (["--temperature", "1e-30"], "temperature=1e-30 must be 0 (greedy) or a finite number >= 0.01 (less overflows"),
+    (["--temperature", "inf"], "temperature must be 0 (greedy) or a finite number >= 0.01"),
+    (["--temperature", "1e-30"], "temperature must be 0 (greedy) or a finite number >= 0.01 (less overflows the "
+                                "softmax), got 1e-30"),
     (["--chunk-size", "100000"], "rollouts per engine call is over 65,536"),
 ])
 def test_mine_numbers_are_bounded_before_any_work(here, capsys, flags, culprit):
@@ -818,7 +819,7 @@ def test_a_damaged_done_marker_is_named(here, shards, capsys):
 
 
 def test_a_huge_prompt_is_named_by_line_before_any_tokenizer(here, capsys):
-    from grpo.pool import MAX_PROMPT_CHARS
+    from grpo.limits import MAX_PROMPT_CHARS
 
     pool = _lines(here / "pool.jsonl", [GOOD_ROW, {**GOOD_ROW, "prompt": "w" * (MAX_PROMPT_CHARS + 1)}])
     _refused_untouched(capsys, here, ["train", "--config", RECIPE, "--dry-run", "--pool", str(pool)],
@@ -960,7 +961,7 @@ def _run_folder(here: Path, **config) -> Path:
 
 
 @pytest.mark.parametrize("config, culprit", [
-    ({"tpf_samples": 10 ** 9}, "tpf_samples must be an integer in [0, "),
+    ({"tpf_samples": 10 ** 9}, "tpf_samples must be an integer in [1, 64], got 1000000000"),
     ({"tpf_max_new_tokens": 10 ** 9}, "tpf_max_new_tokens must be an integer in [1, 65536], got 1000000000"),
     ({"tpf_batch_size": 10 ** 6}, "tpf_batch_size must be an integer in [1, "),
     ({"probe_size": 10 ** 9}, "probe_size must be an integer in [1, 100000], got 1000000000"),
@@ -1227,7 +1228,8 @@ def test_crops_and_prompts_the_image_processor_would_crash_on_are_named_by_row(h
     (["tpf", "--pool", "tiny-probe", "--device", "meta"], "device 'meta': a torch device that holds no data here"),
     (["tpf", "--pool", "tiny-probe", "--temperature", "1e-30", "--samples", "2"],
      "--temperature must be 0 (greedy) or a finite number >= 0.01 (less overflows the softmax), got 1e-30"),
-    (["train", "--config", RECIPE, "--dry-run", "--set", "temperature=1e-300"], "temperature must be a number >= 0.01"),
+    (["train", "--config", RECIPE, "--dry-run", "--set", "temperature=1e-300"],
+     "temperature must be 0 (greedy) or a finite number >= 0.01"),
     (["train", "--config", RECIPE, "--dry-run", "--set", "vllm_mode=server", "--set",
       "vllm_server_host=exa mple"], "engine: vllm_server_host: 'http://exa mple:8000' is not a server URL"),
     (["train", "--config", RECIPE, "--dry-run", "--set", "vllm_mode=server", "--set",
@@ -1394,7 +1396,8 @@ def test_a_mask_token_in_a_spare_embedding_row_gets_the_mean(tmp_path):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from grpo.checkpoint import MASK_TOKEN, add_mask_token
+    from grpo.block_diffusion import MASK_TOKEN
+    from grpo.joint.mask_token import add_mask_token
     from helpers_models import build_char_tokenizer
 
     tokenizer = build_char_tokenizer(tmp_path)

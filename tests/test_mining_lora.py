@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo.checkpoint import copy_metadata, load_checkpoint
+from grpo.checkpoint import load_checkpoint
+from grpo.model_source import copy_metadata
 from grpo.mining.miner import MineConfig, MiningStore, mine
 from helpers_models import build_text_checkpoint
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo.checkpoint import BD_FILE, TINY_MODEL
+from grpo.block_diffusion import BD_FILE
+from grpo.model_source import TINY_MODEL
 from grpo.errors import UserError
 from grpo.training.config import load_config
 from grpo.training.preflight import preflight

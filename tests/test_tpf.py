@@ -7,7 +7,9 @@ import shutil
 import pytest
 from PIL import Image
 
-from grpo.checkpoint import BD_FILE, CheckpointError, load_checkpoint
+from grpo.block_diffusion import BD_FILE
+from grpo.checkpoint import load_checkpoint
+from grpo.errors import CheckpointError
 from grpo.cli import main
 from grpo.decoding.tpf import length_bin, measure_tpf, summarize
 from helpers_models import build_glm_processor, build_glmocr_checkpoint, build_text_checkpoint
@@ -228,7 +230,7 @@ def test_cli_sampling_rows_per_prompt_and_sample_deterministic(text_dir, rows, t
 @pytest.mark.parametrize("flags, message", [
     (["--samples", "3"], "--samples > 1 needs --temperature"),
     (["--temperature", "1", "--compare-ar"], "--compare-ar checks equality"),
-    (["--batch-size", "0"], "--batch-size must be in [1, 256] and --samples in [1, 64], got 0 and 1"),
+    (["--batch-size", "0"], "--batch-size must be an integer in [1, 256], got 0"),
     (["--temperature", "-1"], "--temperature must be 0 (greedy) or a finite number >= 0.01 (less overflows the "
                               "softmax), got -1.0"),
     (["--mode", "diffusion", "--batch-size", "2"], "--mode diffusion decodes greedily at batch 1")])

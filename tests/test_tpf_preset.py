@@ -60,8 +60,8 @@ def test_the_probe_can_decode_as_the_bench_and_the_recipe_does(tmp_path):
     cpu = {"output_dir": str(tmp_path), "use_cpu": True, "bf16": False}
     config = load_config(None, {**cpu, "tpf_preset": "gravityocr-bench", "tpf_samples": 0})
     assert config.tpf_preset == "gravityocr-bench"
-    with pytest.raises(ConfigError, match="tpf_preset gravityocr-bench decodes GravityOCR's round greedily at "
-                                          "batch 1: set tpf_batch_size 1 and tpf_samples 0"):
+    with pytest.raises(ConfigError, match="GravityOCR's round layout decodes at batch 1: tpf_batch_size must be 1, "
+                                          "got 8"):
         load_config(None, {**cpu, "tpf_preset": "gravityocr-bench", "tpf_batch_size": 8, "tpf_samples": 0})
     recipe = load_config("configs/gravityocr_grpo.yaml", {"output_dir": str(tmp_path), "use_cpu": True})
     assert (recipe.tpf_preset, recipe.tpf_batch_size, recipe.tpf_samples) == ("gravityocr-bench", 1, 0)
@@ -142,7 +142,7 @@ def test_one_image_preparation_for_rollouts_mining_probe_and_tpf(tmp_path, capsy
                  "--max-new-tokens", "16", "--image-long-side", "16", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["settings"]["image_long_side"] == "16"
     assert main(["tpf", "--pool", "tiny-probe", "--image-long-side", "0"]) == 2
-    assert "error: --image-long-side: image_long_side must be one of" in capsys.readouterr().err
+    assert "error: --image-long-side must be one of" in capsys.readouterr().err
 
 
 def test_tpf_scores_in_the_gravityocr_mode(tmp_path, capsys):
@@ -188,5 +188,5 @@ def test_the_probe_scores_in_its_eval_postprocess_mode():
               rows[r["index"]]["task_type"], postprocess="gravityocr").value for r in greedy]
     record = probe_settings(settings, ckpt.model, ckpt.processor, ckpt.bd, ["text"])
     assert record["eval_postprocess"] == "gravityocr" and "weights_dtype" not in record
-    with pytest.raises(ConfigError, match="eval_postprocess = 'omni' is not a probe setting"):
+    with pytest.raises(ConfigError, match="eval_postprocess must be one of none, gravityocr, got 'omni'"):
         ProbeSettings(max_new_tokens=24, batch_size=1, temperature=1.0, samples=0, postprocess="omni")

@@ -25,7 +25,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_grpo_on_your_model_on_a_cpu(tmp_path):
-    from grpo.checkpoint import resolve_model
+    from grpo.model_source import resolve_model
 
     here = tmp_path / "my work"
     here.mkdir()

@@ -47,11 +47,11 @@ def device() -> str:
 
 
 def checkpoint_format() -> str:
-    """The fields of `block_diffusion.json` this package reads (grpo.checkpoint.BlockDiffusionConfig)."""
+    """The fields of `block_diffusion.json` this package reads (grpo.block_diffusion.BlockDiffusionConfig)."""
     import dataclasses
 
     try:
-        from grpo.checkpoint import BD_FILE, BlockDiffusionConfig
+        from grpo.block_diffusion import BD_FILE, BlockDiffusionConfig
     except Exception as err:  # noqa: BLE001 - it imports torch; see `device`
         return f"unknown: grpo.checkpoint does not import ({failed_import(err)})"
     fields = [f.name for f in dataclasses.fields(BlockDiffusionConfig) if f.name != "source"]

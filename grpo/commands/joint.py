@@ -19,7 +19,7 @@ def add_arguments(parser) -> None:
 def is_own(folder) -> bool:
     """A folder joint wrote: its marker, or a joint checkpoint (a `block_diffusion.json` that parses) that is
     no GRPO run folder."""
-    from grpo.checkpoint import BD_FILE
+    from grpo.block_diffusion import BD_FILE
     from grpo.errors import UserError
     from grpo.outputs import owns_folder
     from grpo.evaluation.run_dir import RUN_CONFIG
@@ -42,7 +42,7 @@ def run(args) -> int:
     from grpo.outputs import mark, output_folder, set_aside, writing
     from grpo.yaml_config import build
 
-    from grpo.checkpoint import resolve_model
+    from grpo.model_source import resolve_model
 
     values = fields().load(args.config, fields().command_line(args))
     if isinstance(values.get("model"), str) and values["model"]:  # a built-in name (tiny), as every command takes it

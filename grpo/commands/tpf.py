@@ -4,13 +4,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 from pathlib import Path
 
-from grpo.limits import MAX_BATCH, MAX_SAMPLES, MIN_TEMPERATURE  # bounds shared with tpf-drift's run configs
-
 STAMP = "gravity-grpo tpf"  # in each file it writes (grpo.outputs)
-DEFAULT_MAX_NEW_TOKENS = 512  # the output cap where neither --max-new-tokens nor the preset gives one
 HELP = "measure the drafter's tokens per forward (self-speculative or direct diffusion) on a prompt pool"
 
 
@@ -87,33 +83,31 @@ def _table(stats: dict):
     return table
 
 
-def _check_decoding(args: argparse.Namespace, error: type) -> None:
-    """Refuse decoding flags that contradict each other or that no decoder takes, naming the flag."""
-    from grpo.limits import MAX_SEED
-
-    for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--bd-size", args.bd_size)):
-        if value is not None and value < 1:
-            raise error(f"{flag} must be >= 1, got {value}")
-
-    if not 0 <= args.tau <= 1:
-        raise error(f"--tau is a confidence threshold in [0, 1], got {args.tau}")
-    if not (1 <= args.batch_size <= MAX_BATCH and 1 <= args.samples <= MAX_SAMPLES):
-        raise error(f"--batch-size must be in [1, {MAX_BATCH}] and --samples in [1, {MAX_SAMPLES}], got "
-                    f"{args.batch_size} and {args.samples}")
-    if not (args.temperature == 0 or MIN_TEMPERATURE <= args.temperature < math.inf):
-        raise error(f"--temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE} (less overflows "
-                    f"the softmax), got {args.temperature}")
-    if not 0 <= args.seed <= MAX_SEED:
-        raise error(f"--seed must be in [0, {MAX_SEED}], got {args.seed}")
-    if args.samples > 1 and args.temperature == 0:
-        raise error("--samples > 1 needs --temperature > 0: greedy decoding gives one output per prompt")
-    if args.temperature > 0 and args.compare_ar:
-        raise error("--compare-ar checks equality with AR greedy: leave it out with --temperature > 0")
-    if args.mode == "diffusion" and (args.batch_size > 1 or args.temperature > 0):
-        raise error("--mode diffusion decodes greedily at batch 1: leave --batch-size and --temperature out")
+# The flag of each `DecodeSettings` field its errors name.
+FLAGS = {field: "--" + field.replace("_", "-") for field in (
+    "mode", "max_new_tokens", "bd_size", "batch_size", "temperature", "samples", "seed", "tau", "compare_ar",
+    "image_long_side")}
 
 
-def _check_sizes(args: argparse.Namespace, ckpt, pool, side: str | None) -> None:
+def decode_settings(args: argparse.Namespace, preset):
+    """The `DecodeSettings` the flags ask for, decoded with `preset` (its round as --round says); a value out of
+    bounds, or flags that exclude each other, raise a `UserError` naming the flags."""
+    from grpo.decoding.tpf import DecodeSettings, DecodeSettingsError
+    from grpo.errors import UserError
+    from ocr_rewards.settings import HELD_OUT
+
+    given = {"max_new_tokens": args.max_new_tokens} if args.max_new_tokens is not None else {}
+    try:
+        return DecodeSettings(mode=args.mode, bd_size=args.bd_size, batch_size=args.batch_size,
+                              temperature=args.temperature, samples=args.samples, seed=args.seed, tau=args.tau,
+                              compare_ar=args.compare_ar, score=args.score, preset=preset,
+                              image_long_side=args.image_long_side,
+                              reward_settings=HELD_OUT.replace(postprocess=args.postprocess), **given)
+    except DecodeSettingsError as err:
+        raise UserError("; ".join(err.worded(FLAGS))) from None
+
+
+def _check_sizes(args: argparse.Namespace, settings, ckpt, pool, side: str | None) -> None:
     """Refuse an output cap or block size the model cannot decode, rows its processor cannot take (crops fitted
     to `side`), and rows that do not fit in its positions."""
     from grpo.checkpoint import context_length
@@ -121,12 +115,13 @@ def _check_sizes(args: argparse.Namespace, ckpt, pool, side: str | None) -> None
     from grpo.pool import policy_mismatch
     from grpo.prompting import prompt_problems, rows_over_context
 
+    cap = settings.max_new_tokens
     positions = context_length(ckpt.model.config)
-    if positions is not None and args.max_new_tokens >= positions:
-        raise UserError(f"--max-new-tokens {args.max_new_tokens}: the model has {positions} positions in all")
+    if positions is not None and cap >= positions:
+        raise UserError(f"--max-new-tokens {cap}: the model has {positions} positions in all")
     size, where = (args.bd_size, "--bd-size") if args.bd_size else (ckpt.bd.bd_size, f"{ckpt.bd.source}: bd_size")
-    if size > args.max_new_tokens:
-        raise UserError(f"{where} {size}: a draft block longer than --max-new-tokens {args.max_new_tokens} "
+    if size > cap:
+        raise UserError(f"{where} {size}: a draft block longer than --max-new-tokens {cap} "
                         "drafts tokens that can never be kept")
     problem = policy_mismatch(pool, f"prompt pool {args.pool}", ckpt.is_vlm)
     if problem:
@@ -135,10 +130,10 @@ def _check_sizes(args: argparse.Namespace, ckpt, pool, side: str | None) -> None
     if bad:
         raise UserError(f"prompt pool {args.pool}: {len(bad)} row(s) the model's processor cannot take: "
                         f"{'; '.join(bad[:5])}")
-    over = rows_over_context(ckpt.processor, pool, ckpt.is_vlm, positions, args.max_new_tokens)
+    over = rows_over_context(ckpt.processor, pool, ckpt.is_vlm, positions, cap)
     if over:
         raise UserError(f"prompt pool {args.pool}: {len(over)} row(s) longer than the model's context with "
-                        f"--max-new-tokens {args.max_new_tokens}: {'; '.join(over[:5])}")
+                        f"--max-new-tokens {cap}: {'; '.join(over[:5])}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -149,54 +144,40 @@ def run(args: argparse.Namespace) -> int:
     from grpo.console import console
     from grpo.decoding.presets import preset_named
     from grpo.decoding.tpf import measure_tpf
-    from ocr_rewards.settings import HELD_OUT
     from grpo.errors import UserError
     from grpo.hardware import torch_device, torch_device_named
     from grpo.outputs import atomic_write, output_file
-    from grpo.crop_size import long_side
 
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit must be >= 1, got {args.limit}")
     preset = preset_named(args.preset)
-    if args.image_long_side is not None:
-        try:
-            long_side(args.image_long_side)
-        except ValueError as err:
-            raise UserError(f"--image-long-side: {err}") from None
     if args.round is not None:
         preset = dataclasses.replace(preset, round=args.round)
-    if preset.round == "gravityocr" and (args.mode != "selfspec" or args.batch_size > 1 or args.temperature > 0):
-        raise UserError(f"GravityOCR's round layout (preset {args.preset}, --round {preset.round}) decodes "
-                        "self-speculatively and greedily at batch 1: leave out --mode, --batch-size and --temperature")
     if args.max_new_tokens is not None and preset.max_new_tokens:
         preset = dataclasses.replace(preset, max_new_tokens=None, other_cap=None)  # the flag's one cap replaces the preset's
-    if args.max_new_tokens is None:
-        args.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
-    args.dtype = args.dtype or preset.dtype
     if args.postprocess != "none" and not args.score:
         raise UserError("--postprocess is the scoring mode of --score: add --score", setting="postprocess")
-    _check_decoding(args, UserError)
+    settings = decode_settings(args, preset)
+    dtype = args.dtype or preset.dtype
     device = torch_device_named(args.device) if args.device is not None else torch_device()
     out = output_file(args.out, "--out", stamp=STAMP, inputs=[args.pool, args.model], overwrite=args.overwrite)
-    ckpt = load_checkpoint(args.model, need_drafter=True, dtype=getattr(torch, args.dtype))
+    ckpt = load_checkpoint(args.model, need_drafter=True, dtype=getattr(torch, dtype))
     console.print(f"model: {ckpt.source.describe()}", markup=False)
     pool = load_pool(args.pool, skip_bad=args.skip_bad)
     if args.limit is not None:
         pool = pool.select(range(min(args.limit, len(pool))))
-    _check_sizes(args, ckpt, pool, preset.image_long_side if args.image_long_side is None else args.image_long_side)
+    _check_sizes(args, settings, ckpt, pool, preset.image_long_side if args.image_long_side is None
+                 else args.image_long_side)
     ckpt.model.to(device)
-    stats = measure_tpf(ckpt.model, ckpt.processor, pool, ckpt.bd, is_vlm=ckpt.is_vlm, bd_size=args.bd_size,
-                        max_new_tokens=args.max_new_tokens, compare_ar=args.compare_ar, mode=args.mode,
-                        tau=args.tau, score=args.score, batch_size=args.batch_size, temperature=args.temperature,
-                        samples=args.samples, seed=args.seed, preset=preset, image_long_side=args.image_long_side,
-                        reward_settings=HELD_OUT.replace(postprocess=args.postprocess))
+    stats = measure_tpf(ckpt.model, ckpt.processor, pool, ckpt.bd, settings, is_vlm=ckpt.is_vlm)
     if args.score:
         stats["settings"]["eval_postprocess"] = args.postprocess
     stats = {"written_by": STAMP, **stats, "model": str(ckpt.path), "pool": args.pool}
     console.print(_table(stats))
     console.print(f"decode wall time {stats['wall_s']:.2f} s at batch size {args.batch_size}", markup=False)
     if stats["truncated"]:
-        console.print(f"{stats['truncated']} output(s) reached --max-new-tokens {args.max_new_tokens}", markup=False)
+        console.print(f"{stats['truncated']} output(s) reached --max-new-tokens {settings.max_new_tokens}",
+                      markup=False)
     if out is not None:
         atomic_write(out, json.dumps(stats, indent=2) + "\n", replace=STAMP if args.overwrite else False)
         console.print(f"wrote {out}", markup=False)

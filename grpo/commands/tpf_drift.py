@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
+from typing import Any, Callable
+
+from grpo.evaluation.run_dir import RUN_CONFIG, RunDir
 
 HELP = ("re-measure TPF (greedy and sampled) and held-out reward on every saved checkpoint of a GRPO run, in the "
         "run's dtype, and draw them versus step")
@@ -58,11 +62,86 @@ def check_saved_config(run_dir) -> None:
         raise ConfigError(f"the run's config holds values no run accepts ({len(problems)} problem(s)):\n{lines}")
 
 
+def run_dtype(config: dict):
+    """The torch dtype a run trained in, from its `run_config.json` (`bf16`, `fp16`, else fp32)."""
+    import torch
+
+    return torch.bfloat16 if config.get("bf16") else torch.float16 if config.get("fp16") else torch.float32
+
+
+def remeasure_checkpoints(run: RunDir, default: Callable[[str], Any], *, probe_set: str | None = None,
+                          probe_size: int | None = None, max_new_tokens: int | None = None,
+                          postprocess: str | None = None, include_initial: bool = True,
+                          on_checkpoint: Callable[[int, Any], None] = lambda step, source: None) -> list[dict]:
+    """TPF and held-out reward of every saved checkpoint of `run` (and of its starting model), as drift records.
+
+    The probe settings default to the run's own (its `run_config.json`; a field it lacks at `default(field)`,
+    the config's default; `postprocess` names another held-out scoring mode), and so does the dtype: a bf16 run is
+    re-measured in bf16, comparable with its live probe. Every prompt is compared with AR greedy, and TPF at
+    the run's `temperature` is measured beside greedy. Records carry the training reward of their step from the
+    run's metrics, as the live probe's do. Checkpoints are loaded as every command loads them
+    (`grpo.checkpoint.load_checkpoint`: LoRA adapters merged into the base their config names) and decoded on
+    the GPU when there is one; `on_checkpoint(step, source)` hears of each (`source.describe()`).
+    """
+    from grpo.checkpoint import load_checkpoint
+    from grpo.decoding.tpf import tpf_stats
+    from grpo.evaluation.drift import ProbeSettings, drift_records, probe_decode, probe_metrics, probe_settings
+    from grpo.hardware import torch_device
+    from grpo.errors import quoted
+    from grpo.limits import MAX_PROBE_SIZE, whole_in
+    from grpo.pool import load_pool
+    from grpo.yaml_config import ConfigError
+
+    config = run.read_config()
+    history = run.read_metrics()  # damaged files are named before any work
+    probe_set = probe_set or config.get("probe_set")
+    if probe_set is None:
+        raise ConfigError(f"{run.path}: no run_config.json to take the probe set from; name the probe set",
+                          setting="probe_set")
+    try:  # values read back from the run's config are checked where they are read
+        settings = ProbeSettings.of(lambda name: config.get(name, default(name)))
+        size = probe_size or config.get("probe_size", default("probe_size"))
+        if not whole_in(size, 1, MAX_PROBE_SIZE):
+            raise ConfigError(f"probe_size = {quoted(size)} is not an integer >= 1 (at most {MAX_PROBE_SIZE:,})")
+        if not isinstance(probe_set, str):
+            raise ConfigError(f"probe_set = {quoted(probe_set)} is not a pool name or path")
+        floor = config.get("tpf_floor")
+        if floor is not None and (isinstance(floor, bool) or not isinstance(floor, (int, float))):
+            raise ConfigError(f"tpf_floor = {quoted(floor)} is not a number")
+        if include_initial and not isinstance(config.get("model", ""), str):
+            raise ConfigError(f"model = {quoted(config['model'])} is not a checkpoint name")
+    except ConfigError as err:
+        raise ConfigError(f"{run.file(RUN_CONFIG)}: {err}") from None
+    if max_new_tokens:
+        settings = dataclasses.replace(settings, max_new_tokens=max_new_tokens)
+    if postprocess:
+        settings = dataclasses.replace(settings, postprocess=postprocess)
+    points = run.checkpoints()
+    if include_initial and config.get("model"):
+        points.insert(0, (0, config["model"]))
+    if not points:
+        raise ConfigError(f"{run.path}: no checkpoint-N folders to measure")
+    rows = load_pool(probe_set)
+    rows = rows.select(range(min(size, len(rows))))
+    # the run's rewards first (a step's reward precedes its probe), then one entry per measured checkpoint
+    entries = [{"step": e["step"], "reward": e["reward"]} for e in history if "reward" in e and "step" in e]
+    record = None
+    for step, folder in points:
+        ckpt = load_checkpoint(folder, need_drafter=True, dtype=run_dtype(config))  # LoRA: merged into its base
+        on_checkpoint(step, ckpt.source)
+        ckpt.model.to(torch_device())
+        greedy, sampled = probe_decode(ckpt.model, ckpt.processor, rows, ckpt.bd, settings, step=step,
+                                       is_vlm=ckpt.is_vlm, compare_ar=True)
+        metrics = probe_metrics(tpf_stats(greedy), sampled=tpf_stats(sampled) if sampled else None)
+        entries.append({"step": step, **metrics})
+        record = record or probe_settings(settings, ckpt.model, ckpt.processor, ckpt.bd,
+                                          sorted({r["task_type"] for r in rows}))
+    return drift_records(entries, record)
+
+
 def run(args: argparse.Namespace) -> int:
     from grpo.console import console
     from grpo.training.config import ConfigError, field_default
-    from grpo.evaluation.drift import remeasure_checkpoints
-    from grpo.evaluation.run_dir import RunDir
     from grpo.outputs import mark
 
     from grpo.limits import MAX_NEW_TOKENS, MAX_PROBE_SIZE

@@ -20,18 +20,21 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Collection, Iterable, Mapping
+from typing import Any, Callable, Collection, Iterable, Mapping
 
 import torch
 from tqdm.auto import tqdm
 
 import ocr_rewards as rewards
-from grpo.checkpoint import BlockDiffusionConfig, CheckpointError, tokenizer_of
+from grpo.block_diffusion import BlockDiffusionConfig
+from grpo.checkpoint import tokenizer_of
+from grpo.errors import CheckpointError, quoted
 from grpo.decoding.batched import BatchARDecoder, BatchDecoder, Sampler
 from grpo.decoding.diffusion import diffusion_generate
 from grpo.decoding.presets import PRESETS, DecodePreset, settings_record
 from grpo.decoding.selfspec import GravityRoundDecoder
-from grpo.limits import MAX_BATCH, MAX_NEW_TOKENS, MAX_SAMPLES
+from grpo.crop_size import LONG_SIDE_VALUES, long_side
+from grpo.limits import MAX_BATCH, MAX_BD_SIZE, MAX_NEW_TOKENS, MAX_SAMPLES, MAX_SEED, MIN_TEMPERATURE, whole_in
 from grpo.prompting import encode_prompt
 from ocr_rewards.settings import HELD_OUT, RewardSettings
 from ocr_rewards.think import strip_think
@@ -113,6 +116,50 @@ def _grouped(records: list[dict], key: str, order: Iterable[str] = ()) -> dict:
     return {k: summarize(groups[k]) for k in order + sorted(set(groups) - set(order))}
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _long_side(value: Any) -> bool:
+    try:
+        value is None or long_side(value)
+    except ValueError:
+        return False
+    return True
+
+
+# The bounds of `DecodeSettings` (grpo.limits): field -> (test of its value, what it must be).
+BOUNDS = {
+    "mode": (lambda v: v in MODES, f"one of {', '.join(MODES)}"),
+    "max_new_tokens": (lambda v: whole_in(v, 1, MAX_NEW_TOKENS), f"an integer in [1, {MAX_NEW_TOKENS}]"),
+    "bd_size": (lambda v: v is None or whole_in(v, 1, MAX_BD_SIZE), f"an integer in [1, {MAX_BD_SIZE}]"),
+    "batch_size": (lambda v: whole_in(v, 1, MAX_BATCH), f"an integer in [1, {MAX_BATCH}]"),
+    "temperature": (lambda v: _number(v) and (v == 0 or MIN_TEMPERATURE <= v < math.inf),
+                    f"0 (greedy) or a finite number >= {MIN_TEMPERATURE} (less overflows the softmax)"),
+    "samples": (lambda v: whole_in(v, 1, MAX_SAMPLES), f"an integer in [1, {MAX_SAMPLES}]"),
+    "seed": (lambda v: whole_in(v, 0, MAX_SEED), f"an integer in [0, {MAX_SEED}]"),
+    "tau": (lambda v: _number(v) and 0 <= v <= 1, "a confidence threshold in [0, 1]"),
+    "image_long_side": (_long_side, LONG_SIDE_VALUES),
+}
+
+
+Words = Callable[[Callable[[str], str]], str]  # a problem's text, given what to call each setting: name(field)
+
+
+class DecodeSettingsError(ValueError):
+    """The `DecodeSettings` values out of bounds, or the settings that exclude each other: one text per problem
+    (`Words`), each naming the settings through `name(field)`. `str()` calls them by field, `worded(names)` as
+    the caller does (a command by its flags, a config by its keys)."""
+
+    def __init__(self, texts: list[Words]):
+        self.texts = texts
+        super().__init__("; ".join(self.worded({})))
+
+    def worded(self, names: Mapping[str, str]) -> list[str]:
+        """The problems, one line each, each setting called by `names` (field -> name; else by its field)."""
+        return [text(lambda field: names.get(field, field)) for text in self.texts]
+
+
 @dataclass(frozen=True)
 class DecodeSettings:
     """How `decode_rows` decodes: the one place that decides the decode bounds.
@@ -122,8 +169,8 @@ class DecodeSettings:
     `tau`, batch 1, greedy). `max_new_tokens` is the output cap where the `preset` has none for a task;
     `bd_size` None takes the checkpoint's block size; `compare_ar` True compares every row with AR greedy, or a
     collection of the indices to compare; `score` scores each output against its row's `target`, read with
-    `reward_settings`; `image_long_side` None takes the preset's (`grpo.crop_size`). A `ValueError` names the
-    setting out of bounds (`grpo.limits`) or the settings that exclude each other.
+    `reward_settings`; `image_long_side` None takes the preset's (`grpo.crop_size`). A `DecodeSettingsError`
+    names the setting out of bounds (`BOUNDS`, from `grpo.limits`) or the settings that exclude each other.
     """
 
     mode: str = "selfspec"
@@ -142,23 +189,40 @@ class DecodeSettings:
     progress: bool = True
 
     def __post_init__(self):
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if not (1 <= self.batch_size <= MAX_BATCH and 1 <= self.samples <= MAX_SAMPLES):
-            raise ValueError(f"batch_size must be in [1, {MAX_BATCH}] and samples in [1, {MAX_SAMPLES}], got "
-                             f"{self.batch_size} and {self.samples}")
-        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
-            raise ValueError(f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got {self.max_new_tokens}")
-        if not 0 <= self.temperature < math.inf:
-            raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {self.temperature}")
-        if self.mode == "diffusion" and (self.batch_size > 1 or self.temperature > 0 or self.samples > 1):
-            raise ValueError("diffusion mode decodes greedily at batch 1: leave batch_size, temperature and samples")
-        if self.temperature > 0 and self.compare_ar:
-            raise ValueError("AR equality is a greedy check: compare_ar needs temperature 0")
-        if self.preset.round == "gravityocr" and (self.mode != "selfspec" or self.batch_size > 1
-                                                  or self.temperature > 0 or self.samples > 1):
-            raise ValueError("GravityOCR's round layout (preset gravityocr-bench) decodes self-speculatively, "
-                             "greedily, at batch 1: leave mode, batch_size, temperature and samples")
+        bounds = [(field, wanted, getattr(self, field)) for field, (fine, wanted) in BOUNDS.items()
+                  if not fine(getattr(self, field))]
+        if bounds:
+            raise DecodeSettingsError([lambda name, field=field, wanted=wanted, value=value:
+                                       f"{name(field)} must be {wanted}, got {quoted(value)}"
+                                       for field, wanted, value in bounds])
+        problem = self._conflict()
+        if problem:
+            raise DecodeSettingsError([problem])
+
+    def _conflict(self) -> Words | None:
+        """The first pair of settings that exclude each other, or None."""
+        temperature, samples, batch, mode = self.temperature, self.samples, self.batch_size, self.mode
+        if samples > 1 and temperature == 0:
+            return lambda name: (f"{name('samples')} > 1 needs {name('temperature')} > 0: greedy decoding gives "
+                                 "one output per prompt")
+        if temperature > 0 and self.compare_ar:
+            return lambda name: (f"{name('compare_ar')} checks equality with AR greedy: it needs "
+                                 f"{name('temperature')} 0")
+        if mode == "diffusion" and (batch > 1 or temperature > 0):
+            return lambda name: (f"{name('mode')} diffusion decodes greedily at batch 1: leave {name('batch_size')} "
+                                 f"and {name('temperature')} out")
+        if self.preset.round != "gravityocr":
+            return None
+        if mode != "selfspec":
+            return lambda name: (f"GravityOCR's round layout decodes self-speculatively: {name('mode')} must be "
+                                 f"selfspec, got {mode}")
+        if batch > 1:
+            return lambda name: (f"GravityOCR's round layout decodes at batch 1: {name('batch_size')} must be 1, "
+                                 f"got {batch}")
+        if temperature > 0:
+            return lambda name: (f"GravityOCR's round layout decodes greedily: it samples nothing (got "
+                                 f"{name('temperature')} {temperature} with {name('samples')} {samples})")
+        return None
 
 
 def decode_rows(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], bd: BlockDiffusionConfig | None,
@@ -267,28 +331,27 @@ def tpf_stats(records: list[dict], **settings: Any) -> dict:
     return stats
 
 
-def measure_tpf(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], bd: BlockDiffusionConfig | None, *,
-                bd_size: int | None = None, max_new_tokens: int = 512, mode: str = "selfspec", tau: float = 0.9,
-                preset: DecodePreset = PRESETS["cpu"], **options: Any) -> dict:
+def measure_tpf(model: Any, processor: Any, rows: Iterable[Mapping[str, Any]], bd: BlockDiffusionConfig | None,
+                settings: DecodeSettings = DecodeSettings(), *, indices: Iterable[int] | None = None,
+                is_vlm: bool = False, **fields: Any) -> dict:
     """`decode_rows` then `tpf_stats`: TPF of a checkpoint on `rows`, by task and length bin, with every record
-    and the `settings` that shaped the figure (`grpo.decoding.presets.settings_record`).
+    and the `settings` that shaped the figure (`grpo.decoding.presets.settings_record`). `fields` replace those
+    of `settings` (`DecodeSettings`).
 
     `ar_equal_rate` is None without `compare_ar`; `accepted_per_round` is None in diffusion mode; `reward`
     and `exact_rate` are None without `score`.
     """
-    indices, is_vlm = options.pop("indices", None), options.pop("is_vlm", False)
-    records = decode_rows(model, processor, rows, bd, DecodeSettings(
-        mode=mode, max_new_tokens=max_new_tokens, bd_size=bd_size, tau=tau, preset=preset, **options),
-        indices=indices, is_vlm=is_vlm)
-    batch = options.get("batch_size", 1)
-    settings = {"mode": mode, "bd_size": bd_size or bd.bd_size, "max_new_tokens": max_new_tokens,
-                "batch_size": batch, "temperature": options.get("temperature", 0.0),
-                "samples": options.get("samples", 1), "tpf_convention": TPF_CONVENTION}
-    if mode == "diffusion":
-        settings["tau"] = tau
-    settings["settings"] = settings_record(
-        preset, dtype=str(next(model.parameters()).dtype).removeprefix("torch."), max_new_tokens=max_new_tokens,
-        tasks=sorted({r["task"] for r in records}), bd_size=bd_size or bd.bd_size,
-        stop_ids=preset.stop_ids(model, tokenizer_of(processor)), batch_size=batch, conventions=TPF_CONVENTION,
-        image_long_side=options.get("image_long_side"))
-    return tpf_stats(records, **settings)
+    settings = dataclasses.replace(settings, **fields)
+    records = decode_rows(model, processor, rows, bd, settings, indices=indices, is_vlm=is_vlm)
+    preset, bd_size = settings.preset, settings.bd_size or bd.bd_size
+    figure = {"mode": settings.mode, "bd_size": bd_size, "max_new_tokens": settings.max_new_tokens,
+              "batch_size": settings.batch_size, "temperature": settings.temperature, "samples": settings.samples,
+              "tpf_convention": TPF_CONVENTION}
+    if settings.mode == "diffusion":
+        figure["tau"] = settings.tau
+    figure["settings"] = settings_record(
+        preset, dtype=str(next(model.parameters()).dtype).removeprefix("torch."), max_new_tokens=settings.max_new_tokens,
+        tasks=sorted({r["task"] for r in records}), bd_size=bd_size,
+        stop_ids=preset.stop_ids(model, tokenizer_of(processor)), batch_size=settings.batch_size,
+        conventions=TPF_CONVENTION, image_long_side=settings.image_long_side)
+    return tpf_stats(records, **figure)

@@ -15,9 +15,8 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from grpo.evaluation.stats import paired_interval
 from grpo.evaluation.run_dir import RunDir
@@ -43,36 +42,47 @@ class ProbeSettings:
 
     def __post_init__(self):
         """Refuse values no decoder takes (a `run_config.json` edited by hand, say), naming the config field."""
-        from grpo.decoding.presets import PRESETS
-        from grpo.errors import quoted
-        from grpo.limits import MAX_BATCH, MAX_NEW_TOKENS, MAX_SAMPLES, whole_in
-        from grpo.crop_size import long_side
         from grpo.yaml_config import ConfigError
 
-        try:
-            side = isinstance(self.image_long_side, (str, int)) and long_side(self.image_long_side) is not False
-        except ValueError:
-            side = False
-        fine = {"max_new_tokens": whole_in(self.max_new_tokens, 1, MAX_NEW_TOKENS),
-                "batch_size": whole_in(self.batch_size, 1, MAX_BATCH), "samples": whole_in(self.samples, 0, MAX_SAMPLES),
-                "preset": isinstance(self.preset, str),
-                "postprocess": self.postprocess in POSTPROCESS_MODES,
-                "temperature": isinstance(self.temperature, (int, float)) and not isinstance(self.temperature, bool)
-                and 0 <= self.temperature < math.inf, "image_long_side": side}
-        for name, ok in fine.items():
-            if not ok:
-                raise ConfigError(f"{self.CONFIG_FIELDS[name]} = {quoted(getattr(self, name))} is not a probe "
-                                  f"setting (max_new_tokens in [1, {MAX_NEW_TOKENS:,}], batch size in [1, {MAX_BATCH}], "
-                                  f"samples in [0, {MAX_SAMPLES}], a finite temperature >= 0, image_long_side "
-                                  "full, 768, 1344 or N >= 1, postprocess one of "
-                                  f"{', '.join(POSTPROCESS_MODES)})")
-        if self.preset not in PRESETS:
-            raise ConfigError(f"tpf_preset = {quoted(self.preset)} is not a decode preset (valid: {', '.join(PRESETS)})")
+        problems = probe_problems(self.__dict__)
+        if problems:
+            raise ConfigError(problems[0])
 
     @classmethod
     def of(cls, read: Callable[[str], Any]) -> ProbeSettings:
         """The settings from `read(config_field)` (a config's attribute, or a `run_config.json` value)."""
         return cls(**{name: read(field) for name, field in cls.CONFIG_FIELDS.items()})
+
+
+def _decode(values: Mapping[str, Any], sampled: bool) -> Any:
+    """The `DecodeSettings` of the probe's greedy decode, or of its sampled one (at the rollout temperature)."""
+    from grpo.decoding.presets import PRESETS
+    from grpo.decoding.tpf import DecodeSettings
+
+    sampling = {"temperature": values["temperature"], "samples": values["samples"]} if sampled else {}
+    return DecodeSettings(max_new_tokens=values["max_new_tokens"], batch_size=values["batch_size"],
+                          preset=PRESETS[values["preset"]], image_long_side=values["image_long_side"],
+                          progress=False, **sampling)
+
+
+def probe_problems(values: Mapping[str, Any]) -> list[str]:
+    """Every problem of the probe settings `values` (`ProbeSettings` field -> value), one line each, named by
+    config key: the decode settings' own bounds and rules (`DecodeSettings`, of the greedy and of the sampled
+    decode), the preset's name and the held-out scoring mode."""
+    from grpo.decoding.presets import PRESETS
+    from grpo.decoding.tpf import DecodeSettingsError
+    from grpo.errors import quoted
+
+    if not isinstance(values["preset"], str) or values["preset"] not in PRESETS:
+        return [f"tpf_preset must be one of {', '.join(PRESETS)}, got {quoted(values['preset'])}"]
+    out = [] if values["postprocess"] in POSTPROCESS_MODES else [
+        f"eval_postprocess must be one of {', '.join(POSTPROCESS_MODES)}, got {quoted(values['postprocess'])}"]
+    for sampled in (False, True) if values["samples"] else (False,):
+        try:
+            _decode(values, sampled)
+        except DecodeSettingsError as err:
+            out.extend(err.worded(ProbeSettings.CONFIG_FIELDS))
+    return list(dict.fromkeys(out))
 
 
 def probe_decode(model: Any, processor: Any, rows: list, bd: Any, settings: ProbeSettings, *, step: int,
@@ -82,19 +92,16 @@ def probe_decode(model: Any, processor: Any, rows: list, bd: Any, settings: Prob
     compared where `compare_ar` says), and, with `settings.samples`, records sampled at the rollout temperature
     from a generator seeded with the step (`grpo.decoding.tpf.decode_rows`; none without samples). The held-out
     reward is `reward_settings` in the scoring mode `settings.postprocess`."""
-    from grpo.decoding.presets import preset_named
-    from grpo.decoding.tpf import DecodeSettings, decode_rows
+    from grpo.decoding.tpf import decode_rows
 
-    common = DecodeSettings(max_new_tokens=settings.max_new_tokens, batch_size=settings.batch_size, progress=False,
-                            preset=preset_named(settings.preset), image_long_side=settings.image_long_side)
+    values = settings.__dict__
     greedy = decode_rows(model, processor, rows, bd, dataclasses.replace(
-        common, compare_ar=compare_ar, score=True, reward_settings=reward_settings.replace(
+        _decode(values, False), compare_ar=compare_ar, score=True, reward_settings=reward_settings.replace(
             postprocess=settings.postprocess)), indices=indices, is_vlm=is_vlm)
     sampled = []
     if settings.samples:
-        sampled = decode_rows(model, processor, rows, bd, dataclasses.replace(
-            common, temperature=settings.temperature, samples=settings.samples, seed=step), indices=indices,
-            is_vlm=is_vlm)
+        sampled = decode_rows(model, processor, rows, bd, dataclasses.replace(_decode(values, True), seed=step),
+                              indices=indices, is_vlm=is_vlm)
     return greedy, sampled
 
 
@@ -182,83 +189,6 @@ def _int(value: float | None) -> int | None:
 def reward_points(log_history: list[dict], key: str = "reward") -> list[tuple[int, float]]:
     """(step, value) of every log entry holding `key`."""
     return [(e["step"], e[key]) for e in log_history if e.get(key) is not None]
-
-
-def run_dtype(config: dict):
-    """The torch dtype a run trained in, from its `run_config.json` (`bf16`, `fp16`, else fp32)."""
-    import torch
-
-    return torch.bfloat16 if config.get("bf16") else torch.float16 if config.get("fp16") else torch.float32
-
-
-def remeasure_checkpoints(run: RunDir, default: Callable[[str], Any], *, probe_set: str | None = None,
-                          probe_size: int | None = None, max_new_tokens: int | None = None,
-                          postprocess: str | None = None, include_initial: bool = True,
-                          on_checkpoint: Callable[[int, Any], None] = lambda step, source: None) -> list[dict]:
-    """TPF and held-out reward of every saved checkpoint of `run` (and of its starting model), as drift records.
-
-    The probe settings default to the run's own (its `run_config.json`; a field it lacks at `default(field)`,
-    the config's default; `postprocess` names another held-out scoring mode), and so does the dtype: a bf16 run is
-    re-measured in bf16, comparable with its live probe. Every prompt is compared with AR greedy, and TPF at
-    the run's `temperature` is measured beside greedy. Records carry the training reward of their step from the
-    run's metrics, as the live probe's do. Checkpoints are loaded as every command loads them
-    (`grpo.checkpoint.load_checkpoint`: LoRA adapters merged into the base their config names) and decoded on
-    the GPU when there is one; `on_checkpoint(step, source)` hears of each (`source.describe()`).
-    """
-    from grpo.checkpoint import load_checkpoint
-    from grpo.decoding.tpf import tpf_stats
-    from grpo.hardware import torch_device
-    from grpo.errors import quoted
-    from grpo.limits import MAX_PROBE_SIZE, whole_in
-    from grpo.evaluation.run_dir import RUN_CONFIG
-    from grpo.pool import load_pool
-    from grpo.yaml_config import ConfigError
-
-    config = run.read_config()
-    history = run.read_metrics()  # damaged files are named before any work
-    probe_set = probe_set or config.get("probe_set")
-    if probe_set is None:
-        raise ConfigError(f"{run.path}: no run_config.json to take the probe set from; name the probe set",
-                          setting="probe_set")
-    try:  # values read back from the run's config are checked where they are read
-        settings = ProbeSettings.of(lambda name: config.get(name, default(name)))
-        size = probe_size or config.get("probe_size", default("probe_size"))
-        if not whole_in(size, 1, MAX_PROBE_SIZE):
-            raise ConfigError(f"probe_size = {quoted(size)} is not an integer >= 1 (at most {MAX_PROBE_SIZE:,})")
-        if not isinstance(probe_set, str):
-            raise ConfigError(f"probe_set = {quoted(probe_set)} is not a pool name or path")
-        floor = config.get("tpf_floor")
-        if floor is not None and (isinstance(floor, bool) or not isinstance(floor, (int, float))):
-            raise ConfigError(f"tpf_floor = {quoted(floor)} is not a number")
-        if include_initial and not isinstance(config.get("model", ""), str):
-            raise ConfigError(f"model = {quoted(config['model'])} is not a checkpoint name")
-    except ConfigError as err:
-        raise ConfigError(f"{run.file(RUN_CONFIG)}: {err}") from None
-    if max_new_tokens:
-        settings = dataclasses.replace(settings, max_new_tokens=max_new_tokens)
-    if postprocess:
-        settings = dataclasses.replace(settings, postprocess=postprocess)
-    points = run.checkpoints()
-    if include_initial and config.get("model"):
-        points.insert(0, (0, config["model"]))
-    if not points:
-        raise ConfigError(f"{run.path}: no checkpoint-N folders to measure")
-    rows = load_pool(probe_set)
-    rows = rows.select(range(min(size, len(rows))))
-    # the run's rewards first (a step's reward precedes its probe), then one entry per measured checkpoint
-    entries = [{"step": e["step"], "reward": e["reward"]} for e in history if "reward" in e and "step" in e]
-    record = None
-    for step, folder in points:
-        ckpt = load_checkpoint(folder, need_drafter=True, dtype=run_dtype(config))  # LoRA: merged into its base
-        on_checkpoint(step, ckpt.source)
-        ckpt.model.to(torch_device())
-        greedy, sampled = probe_decode(ckpt.model, ckpt.processor, rows, ckpt.bd, settings, step=step,
-                                       is_vlm=ckpt.is_vlm, compare_ar=True)
-        metrics = probe_metrics(tpf_stats(greedy), sampled=tpf_stats(sampled) if sampled else None)
-        entries.append({"step": step, **metrics})
-        record = record or probe_settings(settings, ckpt.model, ckpt.processor, ckpt.bd,
-                                          sorted({r["task_type"] for r in rows}))
-    return drift_records(entries, record)
 
 
 def held_out_change(run: RunDir) -> dict[str, Any] | None:

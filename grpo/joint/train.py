@@ -154,7 +154,8 @@ def build_tiny_model(cfg: JointConfig, tokenizer):
 def load_start(cfg: JointConfig):
     """(model, tokenizer or GLM-OCR processor, mask_id): from `cfg.model` (adds `<|mask|>` if absent) or the tiny
     model from scratch."""
-    from grpo.checkpoint import add_mask_token, is_vlm_checkpoint, load_checkpoint
+    from grpo.checkpoint import is_vlm_checkpoint, load_checkpoint
+    from grpo.joint.mask_token import add_mask_token
 
     if cfg.model and is_vlm_checkpoint(cfg.model):
         ckpt = load_checkpoint(cfg.model)
@@ -242,7 +243,7 @@ def _batch(pairs: list, cfg: JointConfig, rng: random.Random) -> list:
 
 
 def save(model, tokenizer, out_dir: str | Path, cfg: JointConfig) -> Path:
-    from grpo.checkpoint import save_joint_checkpoint
+    from grpo.joint.mask_token import save_joint_checkpoint
 
     save_joint_checkpoint(model, tokenizer, out_dir, bd_size=cfg.bd_size, ar_loss_weight=cfg.ar_loss_weight)
     return Path(out_dir)

@@ -28,7 +28,7 @@ from grpo.mining.report import write_report
 from grpo.rollouts.sampling import INDEX, HfSampler, VllmSampler
 from grpo.mining.selection import PREFER, STAT_COLUMNS, RankRule, prompt_stats, select
 from grpo.mining.store import MiningError, MiningStore, check_manifest, pool_fingerprint
-from grpo.limits import MAX_NEW_TOKENS, MAX_NUM_GENERATIONS, MAX_SEED, MIN_TEMPERATURE
+from grpo.limits import MAX_NEW_TOKENS, MAX_NUM_GENERATIONS, MAX_ROLLOUTS_PER_CALL, MAX_SEED
 from grpo.outputs import atomic_write, output_folder, set_aside, temporary
 from grpo.crop_size import image_long_side_field, long_side, with_long_side
 from grpo.yaml_config import Fields
@@ -40,7 +40,6 @@ SAMPLING_FIELDS = ("model", "pool", "skip_bad", "num_generations", "temperature"
                    "shard", "hf_generate", "dtype", "gate", "table_bonus", "think", "image_long_side")
 PREFER_NAMES = tuple(PREFER)
 # Old key -> new key: the names `train` uses for the same things (one deprecation line each).
-MAX_ROLLOUTS_PER_CALL = 65_536  # prompts x rollouts held in memory at once (one engine call, one part file)
 ALIASES = {"data": "pool", "out": "output_dir", "k": "num_generations", "max_tokens": "max_completion_length",
            "max_model_len": "vllm_max_model_length", "gpu_memory_utilization": "vllm_gpu_memory_utilization"}
 
@@ -104,9 +103,12 @@ class MineConfig(RewardFields):
         if not 2 <= self.num_generations <= MAX_NUM_GENERATIONS:
             raise MiningError(f"num_generations={self.num_generations}: reward variance needs at least 2 rollouts "
                               f"per prompt, and at most {MAX_NUM_GENERATIONS} are sampled", setting="num_generations")
-        if not (self.temperature == 0 or MIN_TEMPERATURE <= self.temperature < math.inf):
-            raise MiningError(f"temperature={self.temperature} must be 0 (greedy) or a finite number >= "
-                              f"{MIN_TEMPERATURE} (less overflows the softmax)", setting="temperature")
+        from grpo.decoding.tpf import DecodeSettings, DecodeSettingsError
+
+        try:
+            DecodeSettings(temperature=self.temperature)  # the one sampling-temperature bound
+        except DecodeSettingsError as err:
+            raise MiningError(str(err), setting="temperature") from None
         if not 0 <= self.min_std < math.inf:
             raise MiningError(f"min_std={self.min_std} must be a finite number >= 0", setting="min_std")
         if self.chunk_size * self.num_generations > MAX_ROLLOUTS_PER_CALL:
@@ -162,7 +164,8 @@ def mine(cfg: MineConfig, llm=None) -> dict:
     already mined, or `cfg.hf_generate`).
     """
     from grpo.pool import load_pool, policy_mismatch
-    from grpo.checkpoint import is_vlm_checkpoint, locate
+    from grpo.checkpoint import is_vlm_checkpoint
+    from grpo.model_source import locate
 
     output_folder(cfg.output_dir, "output", kind="mining run (no mining/manifest.json)",
                   is_own=lambda out: MiningStore(out).is_run(), inputs=[cfg.pool, cfg.model], setting="out")

@@ -157,7 +157,7 @@ def check_vlm_for_vllm(model_dir: str | Path) -> None:
     merger weights into the wrong shape without an error and its image features differ from HF's (the real
     GLM-OCR has them equal). vLLM also sizes images with two frames: `temporal_patch_size` must be 2.
     """
-    from grpo.checkpoint import CheckpointError
+    from grpo.errors import CheckpointError
     from ocr_rewards.jsonl import read_json_object
 
     config = read_json_object(Path(model_dir) / "config.json", CheckpointError)

@@ -63,7 +63,7 @@ def speculative_kwargs(model_dir: str | Path, draft_len: int | None = None) -> d
     The mask id goes in through a callable `hf_overrides` (vLLM applies a callable override of the target to its
     draft model config too), so the checkpoint is read as it is. Stats stay on: the counters are the metrics.
     """
-    from grpo.checkpoint import BlockDiffusionConfig
+    from grpo.block_diffusion import BlockDiffusionConfig
 
     bd = BlockDiffusionConfig.load(model_dir)  # CheckpointError without block_diffusion.json
     return {

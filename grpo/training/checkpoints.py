@@ -43,7 +43,8 @@ def damage(folder: Path) -> str | None:
 
     from transformers.trainer_callback import TrainerState
 
-    from grpo.checkpoint import CheckpointError, check_weights
+    from grpo.errors import CheckpointError
+    from grpo.weights import check_weights
 
     folder = Path(folder)
     if not (folder / STATE_FILE).is_file() or not any((folder / name).is_file() for name in WEIGHTS):

@@ -19,15 +19,15 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Collection, Literal
 
 from trl import GRPOConfig, ModelConfig
 
 from grpo.training.drafter_loss import DRAFTER_COMPLETIONS, DRAFTER_TARGETS
-from grpo.crop_size import image_long_side_field, long_side
+from grpo.crop_size import image_long_side_field
 from grpo.errors import quoted
-from grpo.limits import (MAX_BATCH, MAX_NEW_TOKENS, MAX_NUM_GENERATIONS, MAX_PROBE_SIZE, MAX_SAMPLES, MAX_SEED,
-                          MIN_TEMPERATURE)
+from grpo.limits import (MAX_CONTEXT, MAX_EPOCHS, MAX_LORA_RANK, MAX_NEW_TOKENS, MAX_NUM_GENERATIONS, MAX_NUMBER,
+                         MAX_PROBE_SIZE, MAX_SEED, MAX_STEPS, MAX_THREADS, MAX_TRAIN_BATCH)
 from grpo.yaml_config import ConfigError, Fields, read_recipe
 from ocr_rewards.postprocess import POSTPROCESS_MODES
 from ocr_rewards.settings import RewardFields
@@ -48,16 +48,6 @@ TRL_WORDS = {"vllm_mode": ("colocate", "server"), "vllm_model_impl": ("vllm", "t
 # quantization is `grpo.training.run.qlora_quantization_config`): not config keys.
 UNUSED_MODEL_FIELDS = frozenset({"model_name_or_path", "model_revision", "dtype", "attn_implementation", "load_in_8bit",
                                  "bnb_4bit_quant_type", "use_bnb_nested_quant", "bnb_4bit_quant_storage"})
-# Upper bounds of the counts and caps (with those of `grpo.limits`, which the commands that read a run's config
-# back share): past them a value is a typo, and some would make the checks or the run loop without end.
-MAX_STEPS = 10_000_000  # optimizer steps (and step intervals): the paper's runs take hundreds
-MAX_TRAIN_BATCH = 65_536  # completions held at once per process or generation (texts, logits' rows, rewards)
-MAX_CONTEXT = 1_048_576  # positions of a context, in tokens
-MAX_THREADS = 4096  # torch threads
-MAX_EPOCHS = 1_000_000  # passes over the pool
-MAX_LORA_RANK = 65_536
-MAX_PROCESSES = 65_536  # launched processes: the largest clusters run a few thousand GPUs
-MAX_NUMBER = 1_000_000_000  # any other number of a config: every field is a count, a rate or a setting below it
 # A problem that refuses one key's own value (`refused_keys`): `value_problems`, the word-valued fields and
 # `grpo.yaml_config.Fields` write the key, then one of these.
 REFUSED_VALUE = re.compile(r"(?:^|: )(\w+)(?: must be |: not a YAML value| has an empty value)")
@@ -81,16 +71,16 @@ class ConfigProblems(ConfigError):
         self.problems = list(problems)
 
 
-def value_problems(config: Any, rules: list[tuple[str, Any, str]]) -> list[str]:
+def value_problems(config: Any, rules: list[tuple[str, Any, str]], checked: Collection[str] = ()) -> list[str]:
     """The values of `config` (a dataclass) out of bounds: `rules` (field, test, what it must be) on the fields
-    that are set, and every number finite and within `MAX_NUMBER`."""
+    that are set, and every number finite and within `MAX_NUMBER` but those of `checked` (checked elsewhere)."""
     tests: dict[str, list] = {}
     for name, fine, wanted in rules:  # a field may have two: its range, then its upper bound
         tests.setdefault(name, []).append((fine, wanted))
     out = []
     for f in dataclasses.fields(config):
         value = getattr(config, f.name, None)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or f.name in checked:
             continue
         failed = [wanted for fine, wanted in tests.get(f.name, []) if not fine(value)]
         if not math.isfinite(value):
@@ -225,7 +215,10 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
     def problems(self) -> list[str]:
         """Every value of this config that no run accepts, one line each, named by key with what it must be:
         ranges and bounds (`value_problems`), then the settings that exclude each other."""
-        return value_problems(self, self._ranges()) + self._setting_problems()
+        from grpo.evaluation.drift import ProbeSettings
+
+        checked = ProbeSettings.CONFIG_FIELDS.values()  # by `_decode_problems`
+        return value_problems(self, self._ranges(), checked) + self._decode_problems() + self._setting_problems()
 
     @staticmethod
     def _ranges() -> list[tuple[str, Any, str]]:
@@ -241,8 +234,7 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
                   "vllm_max_model_length": within(1, MAX_CONTEXT),
                   "num_iterations": within(1, MAX_NUM_GENERATIONS),
                   "probe_size": within(1, MAX_PROBE_SIZE), "tpf_every": within(0, MAX_STEPS),
-                  "tpf_max_new_tokens": within(1, MAX_NEW_TOKENS), "tpf_batch_size": within(1, MAX_BATCH),
-                  "tpf_samples": within(0, MAX_SAMPLES), "tpf_compare_ar_k": within(1, MAX_PROBE_SIZE),
+                  "tpf_compare_ar_k": within(1, MAX_PROBE_SIZE),
                   "vllm_draft_length": within(1, 1024), "cpu_threads": within(1, MAX_THREADS),
                   "vllm_server_port": within(1, 65_535), "vllm_group_port": within(1, 65_535),
                   "logging_steps": within(0, MAX_STEPS, "a number"), "save_steps": within(0, MAX_STEPS, "a number"),
@@ -252,8 +244,6 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
             counts[name] = within(1, MAX_TRAIN_BATCH)
         numbers = [("max_steps", lambda v: v == -1 or v >= 1, "an integer >= 1 (or -1: by epochs)"),
                    ("learning_rate", lambda v: v >= 0, "a number >= 0"),
-                   ("temperature", lambda v: v >= MIN_TEMPERATURE,
-                    f"a number >= {MIN_TEMPERATURE} (GRPO samples its groups; less overflows the softmax)"),
                    ("epsilon", lambda v: v >= 0, "a number >= 0"), ("epsilon_high", lambda v: v >= 0, "a number >= 0"),
                    ("top_p", lambda v: 0 < v <= 1, "a number in (0, 1]"),
                    ("num_train_epochs", lambda v: 0 < v <= MAX_EPOCHS, f"a number in (0, {MAX_EPOCHS}]"),
@@ -262,14 +252,29 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
                    ("tpf_floor", lambda v: 0 < v < 1, "a relative drop in (0, 1), e.g. 0.1 for 10%")]
         return [(name, test, wanted) for name, (test, wanted) in counts.items()] + numbers
 
-    def _setting_problems(self) -> list[str]:
-        """Settings that exclude or need each other, and the values read elsewhere (reward reading, crops)."""
+    def _decode_problems(self) -> list[str]:
+        """The rollouts' sampling temperature and the probe's decode settings, checked as every decode is
+        (`grpo.decoding.tpf.DecodeSettings`, through `grpo.evaluation.drift.probe_problems`), named by key."""
+        from grpo.decoding.tpf import DecodeSettings, DecodeSettingsError
+        from grpo.evaluation.drift import ProbeSettings, probe_problems
+
         out = []
-        for read in (lambda: self.reward_settings, lambda: long_side(self.image_long_side)):
-            try:
-                read()
-            except ValueError as err:
-                out.append(str(err))
+        try:
+            DecodeSettings(temperature=self.temperature)
+        except DecodeSettingsError as err:
+            out.extend(err.worded({}))
+        if self.temperature == 0:
+            out.append("temperature must be > 0: GRPO samples its groups (0 is greedy)")
+        probe = probe_problems({name: getattr(self, key) for name, key in ProbeSettings.CONFIG_FIELDS.items()})
+        return list(dict.fromkeys(out + probe))
+
+    def _setting_problems(self) -> list[str]:
+        """Settings that exclude or need each other, and the reward reading."""
+        out = []
+        try:
+            self.reward_settings
+        except ValueError as err:
+            out.append(str(err))
         words = {"tpf_compare_ar": COMPARE_AR, "tpf_floor_action": TPF_FLOOR_ACTIONS,
                  "drafter_completions": DRAFTER_COMPLETIONS, "drafter_targets": DRAFTER_TARGETS,
                  "rollout_decoder": ROLLOUT_DECODERS, **TRL_WORDS}
@@ -282,9 +287,6 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
             out.append("tpf_floor needs the TPF probe: set tpf_every > 0, or remove tpf_floor")
         if self.tpf_floor_action == "stop" and self.tpf_floor is None:
             out.append("tpf_floor_action 'stop' needs tpf_floor (e.g. 0.1)")
-        if self.tpf_preset == "gravityocr-bench" and (self.tpf_batch_size > 1 or self.tpf_samples):
-            out.append("tpf_preset gravityocr-bench decodes GravityOCR's round greedily at batch 1: set "
-                       f"tpf_batch_size 1 and tpf_samples 0 (got {self.tpf_batch_size} and {self.tpf_samples})")
         if self.rollout_decoder == "selfspec":
             if self.use_vllm:
                 out.append("rollout_decoder 'selfspec' replaces TRL's HF generation: set use_vllm: false")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo.errors import quoted
-from grpo.training.config import MAX_PROCESSES
+from grpo.limits import MAX_PROCESSES
 from grpo.training.report import PreflightReport
 from grpo.yaml_config import ConfigError, yaml_problem
 
@@ -101,7 +101,8 @@ def check_engine(cfg: Any, is_vlm: bool | None, on_cpu: bool, report: PreflightR
         report.problems.append("engine: use_vllm is set but vLLM is not installed (the cpu or gpu extra)")
         return
     if is_vlm:
-        from grpo.checkpoint import CheckpointError, resolve_model
+        from grpo.errors import CheckpointError
+        from grpo.model_source import resolve_model
         from grpo.rollouts.engine import check_vlm_for_vllm, torchvision_hint
 
         if hint := torchvision_hint():
@@ -184,7 +185,8 @@ def check_server(cfg: Any, on_cpu: bool, report: PreflightReport) -> None:
         report.problems.append(f"engine: the vLLM server at {url} holds {limit} tokens per sequence (its "
                                f"--max_model_len), which max_completion_length {cfg.max_completion_length} and a "
                                "prompt do not fit in; serve with a larger --max_model_len")
-    from grpo.checkpoint import CheckpointError, resolve_model
+    from grpo.errors import CheckpointError
+    from grpo.model_source import resolve_model
 
     try:
         folder = resolve_model(cfg.model).resolve()

@@ -25,8 +25,9 @@ from typing import Any, Callable
 from unittest import mock
 
 from grpo.training import machine_check as machine
-from grpo.training.config import (MAX_PROCESSES, ConfigProblems, GravityGRPOConfig, build_config, default_output_dir,
-                                  field_default, fields, needs_drafter, read_values, refused_keys)
+from grpo.limits import MAX_PROCESSES
+from grpo.training.config import (ConfigProblems, GravityGRPOConfig, build_config, default_output_dir, field_default,
+                                  fields, needs_drafter, read_values, refused_keys)
 from grpo.training.report import PreflightReport, batch_facts, probe_facts, steps_per_epoch
 from grpo.yaml_config import ConfigError
 
@@ -99,7 +100,9 @@ def check_pool(spec: str, is_vlm: bool | None, report: PreflightReport, label: s
 def check_checkpoint(spec: str, need_drafter: bool, report: PreflightReport):
     """The checkpoint as loading reads it (`grpo.checkpoint.inspect_checkpoint`, no weights); returned, or None
     when it cannot be read."""
-    from grpo.checkpoint import BD_FILE, CheckpointError, inspect_checkpoint
+    from grpo.block_diffusion import BD_FILE
+    from grpo.checkpoint import inspect_checkpoint
+    from grpo.errors import CheckpointError
     from grpo.prompting import handles_images
 
     try:

@@ -58,7 +58,7 @@ class GravityGRPOTrainer(GRPOTrainer):
     `block_diffusion` is the checkpoint's `BlockDiffusionConfig` (the drafter loss and self-speculative
     rollouts read it); every saved checkpoint carries the metadata of `model_source` (a `ModelSource`, or a
     folder): `block_diffusion.json` as written, generation config, chat template, processor and tokenizer files
-    (`grpo.checkpoint.copy_metadata`), so each one is again a joint checkpoint (docs/spec.md §2).
+    (`grpo.model_source.copy_metadata`), so each one is again a joint checkpoint (docs/spec.md §2).
     """
 
     def __init__(self, model: Any, reward_funcs: Any = None, args: GravityGRPOConfig | None = None, *,
@@ -196,7 +196,7 @@ class GravityGRPOTrainer(GRPOTrainer):
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         super().save_model(output_dir, _internal_call)
         if self.args.should_save:
-            from grpo.checkpoint import copy_metadata
+            from grpo.model_source import copy_metadata
             from grpo.evaluation.run_dir import settle_modes
             from grpo.training.checkpoints import inside_save
 
