@@ -192,7 +192,7 @@ def install() -> None:
     another checkpoint keeps vLLM's own behaviour) and never fall back to deterministic rejection silently."""
     from vllm.v1.worker import gpu_model_runner
 
-    from grpo.rollouts.engine_selfspec import repair_cpu_expand
+    from grpo.rollouts.cpu_expand import repair_cpu_expand
 
     gpu_model_runner.DraftModelProposer = SelfDraftProposer
     runner = gpu_model_runner.GPUModelRunner
