@@ -179,9 +179,10 @@ def build_vllm_glmocr(out_dir: Path, max_pixels: int = 1024, patch_size: int = 2
                       **kwargs) -> Path:
     """A tiny GLM-OCR joint checkpoint that vLLM serves as transformers runs it (CPU and CUDA), with the full
     processor: text head_dim 32, temporal_patch_size 2, text MLP width = vision merger width (3 x the text width),
-    and image tokens that take almost no probability: vLLM bans them from rollouts (`rollout_generation_kwargs`),
-    and a model that gives them mass p is scored by the loss on another distribution (sampling_logp_difference
-    -log(1 - p) per token; measured up to 0.32 on a random head, docs/vlm.md)."""
+    and image tokens that take almost no probability: vLLM bans them from rollouts
+    (`RolloutBackend.generation_kwargs`), and a model that gives them mass p is scored by the loss on another
+    distribution (sampling_logp_difference -log(1 - p) per token; measured up to 0.32 on a random head,
+    docs/vlm.md)."""
     import shutil
 
     out_dir = build_glmocr_checkpoint(out_dir, head_dim=32, temporal_patch_size=2, patch_size=patch_size,

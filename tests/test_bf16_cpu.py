@@ -1,6 +1,7 @@
 """Check `bf16-cpu`: the tiny recipe in bf16 (the paper recipe's precision) end to end on CPU: policy, colocated vLLM
 rollouts, TPF probe. With `bf16: true` accelerate runs the policy's forward under bf16 autocast, the probe's
-decoding included; the engine keeps the policy's float32 weights (`grpo.training.run.engine_settings`)."""
+decoding included; the engine keeps the policy's float32 weights
+(`grpo.rollouts.backend.RolloutBackend.engine_kwargs`)."""
 from __future__ import annotations
 
 import json

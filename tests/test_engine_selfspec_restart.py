@@ -5,7 +5,7 @@ import pytest
 import torch
 from helpers_models import sampled_logprobs
 
-from grpo.rollouts.engine_selfspec import _expand
+from grpo.rollouts.cpu_expand import expand_values
 
 pytestmark = pytest.mark.slow
 
@@ -45,6 +45,6 @@ def test_a_second_engine_start_keeps_both_repaired():
     with engine_start_guard():  # a second engine, started straight through vLLM
         second = LLM(model=str(path), max_model_len=512, dtype="float32", enforce_eager=True,
                      enable_chunked_prefill=False, **speculative_kwargs(path))
-    assert rejection_sampler.expand_kernel.func is _expand
+    assert rejection_sampler.expand_kernel.func is expand_values
     assert _logprob_error(second, model, prompts) <= 1e-3
     assert _logprob_error(first, model, prompts) <= 1e-3

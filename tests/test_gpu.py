@@ -129,7 +129,7 @@ def test_two_grpo_steps_on_cuda_vllm_glm_ocr_with_images(tmp_path):
     trainer = _in_process(*_vlm_config(out, tpf_every=1, bf16=False))
     generation = trainer.vllm_generation
     assert hasattr(generation.generate, "__wrapped__") and hasattr(generation.sync_weights, "__wrapped__")
-    assert "<|image|>" in trainer.args.generation_kwargs["bad_words"]
+    assert "<|image|>" in generation.generation_kwargs["bad_words"]
     figures = _check_history(out, 2, fp32=False)
     figures.update(_reload(out / "checkpoint-2", True, load_pool(str(TINY_VLM / "probe"))))
     _report("tiny_glm_ocr_in_process", figures)

@@ -52,6 +52,7 @@ def test_vlm_grpo_with_hf_generation_and_image_probe(vlm):
     from grpo.checkpoint import load_checkpoint
     from grpo.training.config import load_config
     from grpo.evaluation.probe import TpfProbeCallback
+    from grpo.rollouts.backend import RolloutBackend
     from grpo.training.trainer import GravityGRPOTrainer
     from ocr_rewards import ocr_reward
 
@@ -71,7 +72,7 @@ def test_vlm_grpo_with_hf_generation_and_image_probe(vlm):
         report_to="none", seed=0))
     trainer = GravityGRPOTrainer(model=ckpt.model, reward_funcs=ocr_reward, args=config,
                                  train_dataset=as_prompts(pool, is_vlm=True), processing_class=processor,
-                                 block_diffusion=ckpt.bd)
+                                 rollouts=RolloutBackend(config, ckpt), block_diffusion=ckpt.bd)
     trainer.add_callback(TpfProbeCallback(trainer, pool, ckpt.bd, is_vlm=True))
     trainer.train()
 

@@ -111,7 +111,7 @@ def rows():
 def _server_generation(url: str, processor, logprobs: int | None = None):
     """TRL's `VLLMGeneration` in server mode, built without its constructor: the constructor opens TRL's NCCL weight
     transfer (CUDA only); generation itself is TRL's own code talking to the server. `logprobs=0`, as TRL's
-    trainer asks, needs `grpo.rollouts.server_logprobs` installed to read vLLM 0.32's answer."""
+    trainer asks, needs `grpo.rollouts.server_logprobs` installed (`_installed`) to read vLLM 0.32's answer."""
     from accelerate import PartialState
     from trl.generation.vllm_client import VLLMClient
     from trl.generation.vllm_generation import VLLMGeneration
@@ -125,6 +125,25 @@ def _server_generation(url: str, processor, logprobs: int | None = None):
     for name, value in settings.items():
         setattr(gen, name, value)
     return gen
+
+
+def _installed(generation, ckpt, tmp_path, monkeypatch):
+    """TRL's server-mode `generation` as a server-mode run's rollout backend sets it up
+    (`RolloutBackend.install`, given the trainer's one part it touches); TRL's client reads log-probs its own way
+    again after the test."""
+    from types import SimpleNamespace
+
+    from trl.generation import vllm_client
+
+    from grpo.rollouts.backend import RolloutBackend
+    from grpo.training.config import GravityGRPOConfig
+
+    monkeypatch.setattr(vllm_client, "parse_logprobs", vllm_client.parse_logprobs)  # restored at teardown
+
+    config = GravityGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", bf16=False, num_generations=2,
+                               per_device_train_batch_size=2, use_vllm=True, vllm_mode="server")
+    RolloutBackend(config, ckpt).install(SimpleNamespace(vllm_generation=generation))
+    return generation
 
 
 def _colocated_generate(llm):
@@ -167,11 +186,11 @@ def test_server_mode_without_a_server_on_cpu_is_refused_in_the_dry_run():
 
 @pytest.mark.slow
 @needs_torchvision
-def test_server_rollouts_keep_the_scored_prompt_and_colocate_completions(server, rows):
+def test_server_rollouts_keep_the_scored_prompt_and_colocate_completions(server, rows, tmp_path, monkeypatch):
     from grpo.checkpoint import load_checkpoint
     from grpo.prompting import encode_prompt
     from grpo.rollouts.engine import make_llm
-    from grpo.rollouts.image_prompts import PromptMismatchError, install, one_expansion
+    from grpo.rollouts.image_prompts import PromptMismatchError, one_expansion
 
     ckpt = load_checkpoint(MODEL)
     image_id = ckpt.model.config.image_token_id
@@ -179,8 +198,7 @@ def test_server_rollouts_keep_the_scored_prompt_and_colocate_completions(server,
     images = [[row["image"]] for row in rows]
     assert all(p.count(image_id) > 1 for p in ids)  # TRL's ids hold the processor's N image tokens
 
-    served = _server_generation(server, ckpt.processor)
-    install(served, image_id)
+    served = _installed(_server_generation(server, ckpt.processor), ckpt, tmp_path, monkeypatch)
     prompt_ids, completions, _, _ = served.generate(ids, images, num_generations=1)
     assert prompt_ids == ids
     assert all(len(c) > 0 for c in completions)
@@ -237,21 +255,20 @@ def _policy_logps(model, processor, row, completion: list[int]) -> list[float]:
 
 @pytest.mark.slow
 @needs_torchvision
-def test_server_log_probs_of_image_rollouts_are_the_policys(server, rows):
+def test_server_log_probs_of_image_rollouts_are_the_policys(server, rows, tmp_path, monkeypatch):
     """TRL's server-mode generation with the log-probs its trainer asks for (logprobs=0), read by
     `grpo.rollouts.server_logprobs`: one per completion token, the sampled token's, within MAX_LOGP_DIFFERENCE
     of the policy's (TRL's importance-sampling correction compares exactly these)."""
     from grpo.checkpoint import load_checkpoint
     from grpo.prompting import encode_prompt
-    from grpo.rollouts import server_logprobs
-    from grpo.rollouts.image_prompts import install
+    from trl.generation import vllm_client
+
+    from grpo.rollouts.server_logprobs import parse_logprobs
 
     ckpt = load_checkpoint(MODEL)
     ids = [encode_prompt(ckpt.processor, row, is_vlm=True)["input_ids"][0].tolist() for row in rows]
-    served = _server_generation(server, ckpt.processor, logprobs=0)
-    install(served, ckpt.model.config.image_token_id)
-    server_logprobs.install()
-    assert server_logprobs.installed()
+    served = _installed(_server_generation(server, ckpt.processor, logprobs=0), ckpt, tmp_path, monkeypatch)
+    assert vllm_client.parse_logprobs is parse_logprobs
     _, completions, logprobs, token_ids = served.generate(ids, [[row["image"]] for row in rows], num_generations=1)
     worst = 0.0
     for row, completion, logps, candidates in zip(rows, completions, logprobs, token_ids):

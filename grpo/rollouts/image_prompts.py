@@ -3,7 +3,8 @@
 TRL 1.16 tokenizes a conversational image prompt with the processor, so its prompt ids already hold the N
 `<|image|>` tokens of the crop, and then hands those ids together with the image to vLLM, whose GLM-OCR
 prompt update replaces each `<|image|>` with N tokens again: the engine samples from a prompt with 2N - 1
-image tokens, of which only N get image features. `install` fixes that on every device:
+image tokens, of which only N get image features. The wrappers here fix that on every device; the rollout
+backend puts them in place (`grpo.rollouts.backend.RolloutBackend.install`):
 
 - `one_expansion(generate)`: each run of image tokens is sent to the engine as one `<|image|>`, so vLLM's
   own expansion gives back the processor's N; the ids the engine processed are then checked against TRL's
@@ -12,7 +13,7 @@ image tokens, of which only N get image features. `install` fixes that on every 
   dropped (TRL resets only the prefix cache; cached image features would come from the old weights).
 
 In server mode (`trl vllm-serve`) TRL sends its prompt ids as they are, with image data the server processed on
-its own, placed at the runs of image tokens; the server does not expand them again. There `install` checks
+its own, placed at the runs of image tokens; the server does not expand them again. There the backend checks
 instead that each run is as long as the server's processing of its image (`checked_placement`), and drops the
 server's encoder cache after every weight sync (`resetting_server_encoder_cache`, vLLM's dev endpoint that
 `trl vllm-serve` turns on).
@@ -127,20 +128,6 @@ def resetting_server_encoder_cache(sync: Callable, vllm_generation: Any) -> Call
         return result
 
     return wrapped
-
-
-def install(vllm_generation: Any, image_token_id: int, reset_encoder_cache: bool = True) -> None:
-    """Fix TRL's `vllm_generation` (colocate or server mode) for image prompts (see the module docstring). Pass
-    `reset_encoder_cache=False` where its `sync_weights` already drops that cache (grpo.rollouts.engine)."""
-    if vllm_generation.mode == "server":
-        vllm_generation._place_features = checked_placement(vllm_generation._place_features, image_token_id)
-        if reset_encoder_cache:
-            vllm_generation.sync_weights = resetting_server_encoder_cache(vllm_generation.sync_weights,
-                                                                          vllm_generation)
-        return
-    vllm_generation.generate = one_expansion(vllm_generation.generate, image_token_id)
-    if reset_encoder_cache:
-        vllm_generation.sync_weights = resetting_encoder_cache(vllm_generation.sync_weights, vllm_generation.llm)
 
 
 def check_prompt_alignment(processor: Any, row: dict) -> None:

@@ -29,10 +29,15 @@ from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.spec_decode.draft_model import DraftModelProposer
 
-# Attention backends whose kernels read a per-request `causal` tensor: vLLM's CPU backend
-# (`vllm/v1/attention/backends/cpu_attn.py:213-221`, passed on as `dynamic_causal`) and Triton attention
-# (`vllm/v1/attention/ops/triton_unified_attention.py:864-867`, `per_seq_causal_ptr`). FlashAttention hands it only
-# to FA4 (`vllm/v1/attention/backends/fa_utils.py:160`); FA2/FA3 and the others would attend causally.
+# What each attention backend does with the window's per-request `causal` tensor (vLLM 0.32, as installed):
+# - CPU_ATTN honours it: `vllm/v1/attention/backends/cpu_attn.py`, `CPUAttentionMetadataBuilder.build`, passes it on
+#   as `dynamic_causal`;
+# - TRITON_ATTN honours it: `vllm/v1/attention/ops/triton_unified_attention.py`, `unified_attention`, reads it per
+#   sequence (`per_seq_causal_ptr`);
+# - FLASH_ATTN honours it on FA4 only: `vllm/v1/attention/backends/flash_attn.py`, `FlashAttentionImpl.forward`,
+#   raises NotImplementedError ("Per-sequence causal requires FA4") on FA2 and FA3, and the backend's name does not
+#   say which version runs (`fa_utils.py::get_flash_attn_version` moves FA3 to FA4 for diffusion models only);
+# - the others are refused untried (`check_backend`).
 WINDOW_BACKENDS = ("CPU_ATTN", "TRITON_ATTN")
 # vLLM's V1 model runners (CUDA, CPU), where `install` puts the proposer; the V2 runner (vllm/v1/worker/gpu/) builds
 # its drafters elsewhere.
@@ -130,11 +135,11 @@ def window_metadata(cad: CommonAttentionMetadata, accepted: torch.Tensor, k: int
 
 
 def check_backend(name: str) -> None:
-    """Refuse an attention backend that would attend the window causally (RuntimeError)."""
+    """Refuse an attention backend not known to honour the window's per-request causal flags (RuntimeError)."""
     if name not in WINDOW_BACKENDS:
         raise RuntimeError(f"the self-drafted window needs an attention backend that honours per-request causal "
-                           f"flags ({', '.join(WINDOW_BACKENDS)}); this engine runs {name}, which would attend the "
-                           "masks causally: start it with attention_config={'backend': 'TRITON_ATTN'}")
+                           f"flags ({', '.join(WINDOW_BACKENDS)}); this engine runs {name}, which is not known to: "
+                           "start it with attention_config={'backend': 'TRITON_ATTN'}")
 
 
 class SelfDraftWorker:
@@ -146,8 +151,15 @@ class SelfDraftWorker:
         drafter = getattr(runner, "drafter", None)
         groups = getattr(drafter, "draft_attn_groups", None) or []
         return {"runner": f"{type(runner).__module__}.{type(runner).__name__}",
-                "drafter": type(drafter).__name__, "one_copy": getattr(drafter, "model", None) is runner.model,
+                "drafter": type(drafter).__name__, "one_copy": _unwrapped(getattr(drafter, "model", None))
+                is runner.get_model(),
                 "backends": sorted({g.backend.get_name() for g in groups})}
+
+
+def _unwrapped(model):
+    """`model` out of vLLM's CUDA-graph wrapper, as `GPUModelRunner.get_model` unwraps the runner's (under
+    `VLLM_USE_BREAKABLE_CUDAGRAPH` the drafter's model is wrapped too: `gpu_model_runner.py`, `load_model`)."""
+    return model.unwrap() if hasattr(model, "unwrap") else model
 
 
 def check_report(report: dict) -> None:
@@ -192,7 +204,7 @@ def install() -> None:
     another checkpoint keeps vLLM's own behaviour) and never fall back to deterministic rejection silently."""
     from vllm.v1.worker import gpu_model_runner
 
-    from grpo.rollouts.engine_selfspec import repair_cpu_expand
+    from grpo.rollouts.cpu_expand import repair_cpu_expand
 
     gpu_model_runner.DraftModelProposer = SelfDraftProposer
     runner = gpu_model_runner.GPUModelRunner

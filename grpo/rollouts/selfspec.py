@@ -4,7 +4,8 @@ TRL's `_generate_single_turn` hands over one prompt per completion (each prompt 
 times); the batched self-speculative sampler decodes them all at the rollout `temperature` with the policy's
 current weights, drafting with its own block-diffusion path. The completions follow the AR sampler's
 distribution exactly (`grpo.decoding.batched`), so GRPO sees the same rollouts in distribution as with
-`generate`; only the forwards spent on them change, logged as `selfspec/tpf` beside TRL's metrics.
+`generate`; only the forwards spent on them change, logged as `selfspec/tpf` beside TRL's metrics
+(`grpo.rollouts.backend`).
 Text policies only: a GLM-OCR policy keeps TRL's `generate` (it also bans image tokens there).
 """
 from __future__ import annotations
@@ -25,16 +26,15 @@ def rollout_seed(seed: int, step: int, rank: int, call: int) -> int:
     return hash((seed, step, rank, call)) % 2**63
 
 
-def selfspec_rollouts(trainer: Any, prompt_ids: list[list[int]]) -> list[list[int]]:
-    """Completion ids (stop token included) for every prompt, sampled self-speculatively by `trainer`'s policy."""
+def selfspec_rollouts(trainer: Any, prompt_ids: list[list[int]], call: int) -> tuple[list[list[int]], float | None]:
+    """Completion ids (stop token included) for every prompt, sampled self-speculatively by `trainer`'s policy in
+    its generation call number `call` (it seeds the sampler), and their tokens per forward (None without tokens)."""
     from trl.models.utils import unwrap_model_for_generation
 
     from grpo.decoding.tpf import tpf_of
 
     args, bd = trainer.args, trainer.block_diffusion
-    # generation can run more than once per optimizer step (steps_per_generation, evaluation): count the calls
-    trainer.selfspec_calls = getattr(trainer, "selfspec_calls", 0) + 1
-    seed = rollout_seed(args.seed, trainer.state.global_step, trainer.accelerator.process_index, trainer.selfspec_calls)
+    seed = rollout_seed(args.seed, trainer.state.global_step, trainer.accelerator.process_index, call)
     sampler = Sampler(args.temperature, torch.Generator().manual_seed(seed))
     inputs = [{"input_ids": torch.tensor([ids])} for ids in prompt_ids]   # the session moves them
     with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
@@ -48,8 +48,5 @@ def selfspec_rollouts(trainer: Any, prompt_ids: list[list[int]]) -> list[list[in
             results = decoder.generate(inputs)
         finally:
             model.train(was_training)
-    mode = "train" if model.training else "eval"
     tpf = tpf_of({"tokens": len(r.tokens), "forwards": r.forwards} for r in results)
-    if tpf is not None:
-        trainer._metrics[mode]["selfspec/tpf"].append(tpf)
-    return [r.tokens for r in results]
+    return [r.tokens for r in results], tpf

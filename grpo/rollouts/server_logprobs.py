@@ -6,8 +6,8 @@ TRL's client (`trl.generation.vllm_client.parse_logprobs`, TRL 1.16) reads every
 (`vllm/entrypoints/scale_out/token_in_token_out/protocol.py`, `GenerateLogProb`: `token_id`, `logprob`,
 `rank`; `top_logprobs` a list), so TRL stops with `KeyError: 'token'`, and its trainer always asks for log-probs.
 `parse_logprobs` here reads either shape into TRL's result: per sequence, per position, the candidates sorted by
-descending log-prob, the sampled token always among them, NaN as None. `install` puts it in TRL's client module,
-where every request of the client looks it up.
+descending log-prob, the sampled token always among them, NaN as None. The rollout backend puts it in TRL's
+client module, where every request of the client looks it up (`grpo.rollouts.backend.RolloutBackend.install`).
 
 Example:
     >>> parse_logprobs([{"content": [{"token_id": 5, "logprob": -0.1, "rank": 1, "top_logprobs": []}]}])
@@ -51,18 +51,3 @@ def parse_logprobs(choices_logprobs: list[dict | None]) -> tuple[list | None, li
         all_ids.append([ids for ids, _ in positions])
         all_logprobs.append([values for _, values in positions])
     return all_logprobs, all_ids
-
-
-def install() -> None:
-    """Make TRL's vLLM client read log-probs with `parse_logprobs` (idempotent)."""
-    from trl.generation import vllm_client
-
-    vllm_client.parse_logprobs = parse_logprobs
-
-
-def installed() -> bool:
-    """Whether TRL's client reads log-probs with `parse_logprobs`."""
-    from trl.generation import vllm_client
-
-    return vllm_client.parse_logprobs is parse_logprobs
-

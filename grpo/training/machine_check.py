@@ -92,7 +92,7 @@ def check_hardware(cfg: Any, num_processes: int, report: PreflightReport) -> Non
     report.facts["hardware"] = f"{count} x {torch.cuda.get_device_name(0)}"
 
 
-def check_engine(cfg: Any, is_vlm: bool | None, on_cpu: bool, report: PreflightReport) -> None:
+def check_engine(cfg: Any, is_vlm: bool | None, report: PreflightReport) -> None:
     """The rollout engine the run would use, and whether it can serve the checkpoint here."""
     if not cfg.use_vllm:
         report.facts["rollouts"] = "TRL's HF generate"
@@ -113,8 +113,10 @@ def check_engine(cfg: Any, is_vlm: bool | None, on_cpu: bool, report: PreflightR
         except CheckpointError as err:
             report.problems.append(f"engine: {err}")
             return
+    from grpo.hardware import vllm_on_cpu
+
     drafted = ", self-drafted" if cfg.vllm_self_speculation else ""
-    report.facts["rollouts"] = f"vLLM, {cfg.vllm_mode} ({'CPU' if on_cpu else 'CUDA'}){drafted}"
+    report.facts["rollouts"] = f"vLLM, {cfg.vllm_mode} ({'CPU' if vllm_on_cpu() else 'CUDA'}){drafted}"
 
 
 # Seconds the run check waits for a vLLM server's answer (TRL then waits vllm_server_timeout at its own start).

