@@ -7,8 +7,8 @@ import torch
 from helpers_cli import refused
 
 from grpo.rollouts.cpu_expand import expand_values
-from grpo.rollouts.engine_selfspec import (ACCEPTED, COUNTERS, DRAFTS, GENERATED, PER_POS, REQUESTS, batched_tokens,
-                                           draft_length, rollout_metrics)
+from grpo.rollouts.engine_selfspec import (ACCEPTED, COUNTERS, DRAFT_TOKENS, DRAFTS, GENERATED, PER_POS, REQUESTS,
+                                           batched_tokens, draft_length, rollout_metrics)
 
 
 def test_expand_writes_float_values_per_draft_token():
@@ -21,19 +21,32 @@ def test_expand_writes_float_values_per_draft_token():
 def test_metrics_count_every_forward_of_the_weights():
     """A drafted engine drafts once per target forward: its honest count is half the engine's own figure."""
     before = {**dict.fromkeys(COUNTERS, 10.0), f"{PER_POS}[0]": 10.0, f"{PER_POS}[1]": 4.0}
-    # 2 requests: 2 prefills + 6 verify rounds (and 8 draft forwards) made 40 tokens; the 6 rounds accepted 21
-    # draft tokens, 6 at position 0 and 3 at position 1
-    after = {**before, GENERATED: 50.0, REQUESTS: 12.0, DRAFTS: 16.0, ACCEPTED: 31.0, f"{PER_POS}[0]": 16.0,
-             f"{PER_POS}[1]": 7.0}
+    # 2 requests: 2 prefills + 6 verify rounds of 8 slots (and 8 draft forwards) made 40 tokens, 2 + 6 bonus tokens
+    # and 32 accepted drafts, 6 at position 0 and 3 at position 1
+    after = {**before, GENERATED: 50.0, REQUESTS: 12.0, DRAFTS: 16.0, DRAFT_TOKENS: 58.0, ACCEPTED: 42.0,
+             f"{PER_POS}[0]": 16.0, f"{PER_POS}[1]": 7.0}
     assert rollout_metrics(before, after, drafted=True) == {"rollout/tokens_per_forward": 2.5,
                                                             "rollout/tokens_per_target_forward": 5.0,
-                                                            "rollout/accepted_per_round": 21 / 6,
+                                                            "rollout/draft_slots": 8.0,
+                                                            "rollout/accepted_per_round": 32 / 6,
                                                             "rollout/accepted_at_0": 1.0,
                                                             "rollout/accepted_at_1": 0.5}
     plain = {**before, GENERATED: 50.0, REQUESTS: 12.0}  # one token per forward
     assert rollout_metrics(before, plain, drafted=False) == {"rollout/tokens_per_forward": 1.0,
                                                              "rollout/tokens_per_target_forward": 1.0}
     assert rollout_metrics(before, before, drafted=True) == {}
+
+
+def test_steps_that_draft_no_slot_count_as_plain_forwards():
+    """Under a slot schedule (`grpo.rollouts.draft_slots`) the tokens no prefill or round made came from plain
+    steps: one target forward each, no draft forward, 0 slots."""
+    before = dict.fromkeys(COUNTERS, 0.0)
+    # 2 requests: 2 prefills, 4 rounds of 4 slots accepting 12 drafts, 10 plain steps: 28 tokens
+    after = {**before, GENERATED: 28.0, REQUESTS: 2.0, DRAFTS: 4.0, DRAFT_TOKENS: 16.0, ACCEPTED: 12.0}
+    metrics = rollout_metrics(before, after, drafted=True)
+    assert metrics["rollout/tokens_per_forward"] == 28 / (2 * (2 + 4) + 10)
+    assert metrics["rollout/tokens_per_target_forward"] == 28 / (2 + 4 + 10)
+    assert metrics["rollout/draft_slots"] == 16 / 14
 
 
 def test_draft_length_is_block_size_plus_x0():

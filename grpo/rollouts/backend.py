@@ -53,6 +53,7 @@ class RolloutBackend:
         self.mode = rollout_mode(config)
         self.on_cpu = vllm_on_cpu()
         self.draft_length = config.vllm_draft_length
+        self.slots = self._slots(config, ckpt) if self.mode == SELF_DRAFTED else None
         self.image_token_id = ckpt.model.config.image_token_id if ckpt.is_vlm else None  # the one vLLM expands
         self.engine_kwargs = self._engine_kwargs(config, ckpt)
         self.generation_kwargs = self._generation_kwargs(config, ckpt)
@@ -84,6 +85,20 @@ class RolloutBackend:
 
         dtype = str(next(ckpt.model.parameters()).dtype).removeprefix("torch.") if self.on_cpu else "auto"
         return device_kwargs(dtype, enforce_eager=config.vllm_enforce_eager)
+
+    def _slots(self, config: Any, ckpt: Any) -> list[tuple[int, int, int]] | None:
+        """The self-drafted engine's draft slots by batch size (`grpo.rollouts.draft_slots.slot_schedule`) with
+        `vllm_adaptive_drafting`, decided once from the recipe and the checkpoint's draft length; None drafts the
+        full length at every step."""
+        if not config.vllm_adaptive_drafting:
+            return None
+        from grpo.rollouts import draft_slots
+        from grpo.rollouts.engine_selfspec import draft_length
+
+        k_max = draft_length(ckpt.bd.bd_size, config.vllm_draft_length)
+        shares = config.vllm_draft_acceptance or draft_slots.default_acceptance(k_max)
+        cost = config.vllm_draft_token_cost or draft_slots.DEFAULT_TOKEN_COST
+        return draft_slots.slot_schedule(k_max, shares, cost)
 
     def _generation_kwargs(self, config: Any, ckpt: Any) -> dict | None:
         """`config.generation_kwargs`, plus for a vision-language checkpoint sampled by vLLM a ban of its image
@@ -124,7 +139,7 @@ class RolloutBackend:
         if self.mode == SELF_DRAFTED:
             from grpo.rollouts.engine_selfspec import start_self_drafted
 
-            return start_self_drafted(llm_class, self.draft_length, **kwargs)
+            return start_self_drafted(llm_class, self.draft_length, self.slots, **kwargs)
         return llm_class(**kwargs)
 
     def install(self, trainer: Any) -> None:

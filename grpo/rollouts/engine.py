@@ -97,15 +97,17 @@ VLLM_DTYPES = ("auto", "float32", "float", "bfloat16", "float16", "half")  # vLL
 
 def make_llm(model_dir: str | Path, *, seed: int = 0, max_model_len: int | None = None,
              gpu_memory_utilization: float = 0.9, dtype: str = "auto", self_speculation: bool = False,
-             draft_len: int | None = None, log_stats: bool = False):
+             draft_len: int | None = None, slots: list[tuple[int, int, int]] | None = None,
+             log_stats: bool = False):
     """A vLLM `LLM` for `model_dir` with the CPU/GPU settings above.
 
     `max_model_len` None takes the model's own limit; `gpu_memory_utilization` is ignored on CPU (the KV
     cache there is `VLLM_CPU_KVCACHE_SPACE` GiB); `dtype` "auto" is vLLM's choice, which runs a float32
     checkpoint in 16 bits (pass "float32" to match HF float32 decoding token for token).
     Vision-language checkpoints get one image per prompt. `self_speculation`: the engine drafts `draft_len`
-    tokens a round with the checkpoint's own block-diffusion path (`grpo.rollouts.engine_selfspec`), which turns
-    `log_stats` (vLLM's counters, `LLM.get_metrics()`) on.
+    tokens a round with the checkpoint's own block-diffusion path (`grpo.rollouts.engine_selfspec`; `slots`: draft
+    slots by batch size, `grpo.rollouts.draft_slots`), which turns `log_stats` (vLLM's counters,
+    `LLM.get_metrics()`) on.
     """
     if str(dtype).lower() not in VLLM_DTYPES:  # vLLM refuses it only once its config is built
         from grpo.errors import UserError
@@ -136,7 +138,7 @@ def make_llm(model_dir: str | Path, *, seed: int = 0, max_model_len: int | None 
             if self_speculation:
                 from grpo.rollouts.engine_selfspec import start_self_drafted
 
-                return start_self_drafted(LLM, draft_len, **kwargs)
+                return start_self_drafted(LLM, draft_len, slots, **kwargs)
             return LLM(**kwargs)
     except Exception as err:
         if not vlm:

@@ -25,14 +25,15 @@ from typing import Any
 
 # vLLM's own counters this module reads (`LLM.get_metrics()`, with `disable_log_stats=False`): generated tokens,
 # finished requests (one prefill each), and the spec-decode counters: verify rounds (`num_drafts`, one per request
-# and step that verified a draft), accepted draft tokens (the bonus token excluded), and accepted tokens per draft
-# position.
+# and step that verified a draft), draft tokens verified, accepted draft tokens (the bonus token excluded), and
+# accepted tokens per draft position.
 GENERATED = "vllm:generation_tokens"
 REQUESTS = "vllm:request_success"
 DRAFTS = "vllm:spec_decode_num_drafts"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
-COUNTERS = (GENERATED, REQUESTS, DRAFTS, ACCEPTED)
+COUNTERS = (GENERATED, REQUESTS, DRAFTS, DRAFT_TOKENS, ACCEPTED)
 V2_RUNNER = "VLLM_USE_V2_MODEL_RUNNER"
 WORKER_EXTENSION = "grpo.rollouts.self_drafter.SelfDraftWorker"  # answers `check_engine` in every worker
 
@@ -57,19 +58,25 @@ def _with_mask_token(mask_id: int, hf_config: Any) -> Any:
     return hf_config
 
 
-def speculative_kwargs(model_dir: str | Path, draft_len: int | None = None) -> dict[str, Any]:
+def speculative_kwargs(model_dir: str | Path, draft_len: int | None = None,
+                       slots: list[tuple[int, int, int]] | None = None) -> dict[str, Any]:
     """`vllm.LLM` keyword arguments that make the engine draft with `model_dir` itself.
 
+    `slots`: draft slots by batch size (vLLM's `num_speculative_tokens_per_batch_size`,
+    `grpo.rollouts.draft_slots.slot_schedule`); None drafts the full length at every step.
     The mask id goes in through a callable `hf_overrides` (vLLM applies a callable override of the target to its
     draft model config too), so the checkpoint is read as it is. Stats stay on: the counters are the metrics.
     """
     from grpo.block_diffusion import BlockDiffusionConfig
 
     bd = BlockDiffusionConfig.load(model_dir)  # CheckpointError without block_diffusion.json
+    speculative = {"method": "draft_model", "model": str(model_dir), "parallel_drafting": True,
+                   "num_speculative_tokens": draft_length(bd.bd_size, draft_len),
+                   "draft_sample_method": "probabilistic"}
+    if slots is not None:
+        speculative["num_speculative_tokens_per_batch_size"] = [tuple(entry) for entry in slots]
     return {
-        "speculative_config": {"method": "draft_model", "model": str(model_dir), "parallel_drafting": True,
-                               "num_speculative_tokens": draft_length(bd.bd_size, draft_len),
-                               "draft_sample_method": "probabilistic"},
+        "speculative_config": speculative,
         "hf_overrides": functools.partial(_with_mask_token, bd.mask_id),
         "disable_log_stats": False,
         "worker_extension_cls": WORKER_EXTENSION,
@@ -85,13 +92,15 @@ def window_backend_kwargs() -> dict[str, Any]:
     return {} if current_platform.is_cpu() else {"attention_backend": "TRITON_ATTN"}
 
 
-def start_self_drafted(llm_class: Any, draft_len: int | None = None, **kwargs: Any) -> Any:
-    """`llm_class(**kwargs)` (a `vllm.LLM` or a partial of it) drafting with its own `model`, exact on CPU too,
-    checked once it has started (`self_drafter.check_engine`: RuntimeError if it does not draft that way).
+def start_self_drafted(llm_class: Any, draft_len: int | None = None,
+                       slots: list[tuple[int, int, int]] | None = None, **kwargs: Any) -> Any:
+    """`llm_class(**kwargs)` (a `vllm.LLM` or a partial of it) drafting with its own `model` (`slots`: as in
+    `speculative_kwargs`), exact on CPU too, checked once it has started (`self_drafter.check_engine`:
+    RuntimeError if it does not draft that way).
 
     A caller's `max_num_batched_tokens` is raised where it would cap `max_num_seqs` (`batched_tokens`).
     """
-    spec = speculative_kwargs(kwargs["model"], draft_len)
+    spec = speculative_kwargs(kwargs["model"], draft_len, slots)
     if kwargs.get("worker_extension_cls") not in (None, WORKER_EXTENSION):
         raise ValueError(f"a self-drafted engine takes the worker extension {WORKER_EXTENSION}, not "
                          f"{kwargs['worker_extension_cls']}")
@@ -144,23 +153,33 @@ def spec_counters(llm: Any) -> dict[str, float]:
 def rollout_metrics(before: dict[str, float], after: dict[str, float], drafted: bool) -> dict[str, float]:
     """What the engine generated between two `spec_counters` snapshots, as per-step metrics.
 
-    Target forwards of a request: its prefill and one per verify round (`num_drafts`), or, for a plain engine,
-    one per generated token.
+    Target forwards of a request: its prefill, one per verify round (`num_drafts`) and one per plain step (a step
+    drafting 0 slots, `grpo.rollouts.draft_slots`: the tokens neither a prefill nor a round made, fewer by the
+    accepted tokens vLLM counts past a stop token), or, for a plain engine, one per generated token.
     `rollout/tokens_per_forward`: generated tokens over every forward of the policy's weights, drafting included,
     as docs/spec.md §5 counts TPF (plain decoding gives exactly 1.0). A `drafted` engine runs one draft forward
-    after each target forward of a request, its last one included (`gpu_model_runner.py::sample_tokens` drafts
-    for the whole batch before finished requests leave), so it counts two forwards per target forward.
+    before each round and after a request's last target forward (`gpu_model_runner.py::sample_tokens` drafts for
+    the whole batch before finished requests leave): counted as prefills + rounds, the most there can be.
     `rollout/tokens_per_target_forward`: over the target's forwards only.
+    `rollout/draft_slots` (only drafted): draft tokens verified per target forward after the prefill, the slots a
+    step drafts averaged over rounds and plain steps (the full length without a schedule).
     `rollout/accepted_per_round` (only with drafts): draft tokens the rejection sampler accepted per verify round,
     the bonus token excluded, as vLLM counts them (before the cut at a stop token or `max_tokens`);
     `rollout/accepted_at_{i}`: the share of rounds whose draft token i was accepted.
     """
     delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-    forwards = delta[REQUESTS] + delta[DRAFTS] if drafted else delta[GENERATED]
-    if forwards <= 0:
+    if not drafted:
+        if delta[GENERATED] <= 0:
+            return {}
+        return {"rollout/tokens_per_forward": 1.0, "rollout/tokens_per_target_forward": 1.0}
+    plain = max(0.0, delta[GENERATED] - delta[REQUESTS] - delta[DRAFTS] - delta[ACCEPTED])
+    drafts = delta[REQUESTS] + delta[DRAFTS]
+    if drafts <= 0:
         return {}
-    out = {"rollout/tokens_per_forward": delta[GENERATED] / (forwards * (2 if drafted else 1)),
-           "rollout/tokens_per_target_forward": delta[GENERATED] / forwards}
+    out = {"rollout/tokens_per_forward": delta[GENERATED] / (2 * drafts + plain),
+           "rollout/tokens_per_target_forward": delta[GENERATED] / (drafts + plain)}
+    if delta[DRAFTS] + plain > 0:
+        out["rollout/draft_slots"] = delta[DRAFT_TOKENS] / (delta[DRAFTS] + plain)
     if delta[DRAFTS] > 0:
         out["rollout/accepted_per_round"] = delta[ACCEPTED] / delta[DRAFTS]
         for key in sorted((k for k in delta if k.startswith(PER_POS)), key=lambda k: int(k[len(PER_POS) + 1:-1])):

