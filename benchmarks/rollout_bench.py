@@ -10,7 +10,9 @@ after the other:
   the engines and with `grpo.decoding.selfspec.SelfSpecDecoder` (greedy, same caps and block size);
 - sampled (the recipe's temperature, one seed per request) at each `--batch-sizes` N: batches of N pool prompts
   (cycling through the pool) after one warm-up batch, until the engine has run `--seconds` on that size; wall
-  time, tokens, and the counts of `grpo.rollouts.engine_selfspec.rollout_metrics`.
+  time, tokens, and the counts of `grpo.rollouts.engine_selfspec.rollout_metrics` (`draft_slots`: slots a step
+  drafted). `--adaptive` gives the self-drafted engine the recipe's draft-slot schedule
+  (`vllm_adaptive_drafting`, `grpo.rollouts.draft_slots.recipe_schedule`), written as `slots`.
 
 Accepted per round, one definition for both drafters: the tokens a verify round commits beyond the one the target
 adds (its bonus token; a round that ends an output counts its last token as that), i.e. (output tokens - prefill
@@ -18,6 +20,7 @@ tokens - rounds) / rounds, the engine's rounds being vLLM's `num_drafts`. vLLM's
 at a stop token or `max_tokens`, is written beside it.
 
     python benchmarks/rollout_bench.py --config configs/tiny_cpu.yaml --json runs/rollout_bench.json
+    python benchmarks/rollout_bench.py --config configs/tiny_cpu.yaml --adaptive --json runs/rollout_bench_slots.json
 """
 from __future__ import annotations
 
@@ -52,8 +55,9 @@ def run_engine(args: argparse.Namespace, drafted: bool) -> dict:
     from grpo.rollouts.engine_selfspec import rollout_metrics, spec_counters
 
     cfg, model, vlm, rows = _setup(args)
+    slots = schedule(cfg, model) if drafted and args.adaptive else None
     llm = make_llm(model, seed=cfg.seed, max_model_len=cfg.vllm_max_model_length, dtype=args.dtype,
-                   self_speculation=drafted, log_stats=True)
+                   self_speculation=drafted, slots=slots, log_stats=True)
     tokenizer = llm.get_tokenizer()
 
     def request(row: dict):
@@ -67,7 +71,8 @@ def run_engine(args: argparse.Namespace, drafted: bool) -> dict:
     before = spec_counters(llm)
     greedy = llm.generate([request(r) for r in greedy_rows],
                           SamplingParams(temperature=0.0, max_tokens=cfg.max_completion_length), use_tqdm=False)
-    out = {"greedy": [list(o.outputs[0].token_ids) for o in greedy],
+    out = {"slots": slots,
+           "greedy": [list(o.outputs[0].token_ids) for o in greedy],
            "prompt_ids": [list(o.prompt_token_ids) for o in greedy],
            "greedy_counts": rollout_metrics(before, spec_counters(llm), drafted),
            "greedy_rounds": spec_counters(llm)["vllm:spec_decode_num_drafts"] - before["vllm:spec_decode_num_drafts"],
@@ -92,6 +97,16 @@ def run_engine(args: argparse.Namespace, drafted: bool) -> dict:
         out["sampled"][str(size)] = {"seconds": seconds, "batches": batches, "tokens": tokens,
                                      **rollout_metrics(before, spec_counters(llm), drafted)}
     return out
+
+
+def schedule(cfg, model) -> list[tuple[int, int, int]]:
+    """The recipe's draft-slot schedule for `model`, as the rollout backend decides it."""
+    from grpo.block_diffusion import BlockDiffusionConfig
+    from grpo.rollouts.draft_slots import recipe_schedule
+    from grpo.rollouts.engine_selfspec import draft_length
+
+    k_max = draft_length(BlockDiffusionConfig.load(model).bd_size, cfg.vllm_draft_length)
+    return recipe_schedule(k_max, cfg.vllm_draft_acceptance, cfg.vllm_draft_token_cost)
 
 
 def run_decoder(args: argparse.Namespace) -> dict:
@@ -146,6 +161,7 @@ def summary(plain: dict, drafted: dict, hf: dict) -> dict:
         out["batch_sizes"][size] = {
             "tokens_per_forward": d["rollout/tokens_per_forward"],
             "tokens_per_target_forward": d["rollout/tokens_per_target_forward"],
+            "draft_slots": d.get("rollout/draft_slots"),
             "accepted_per_round_vllm": d.get("rollout/accepted_per_round"),
             "plain_seconds": p["seconds"], "plain_tokens": p["tokens"], "plain_batches": p["batches"],
             "drafted_seconds": d["seconds"], "drafted_tokens": d["tokens"], "drafted_batches": d["batches"],
@@ -165,6 +181,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", help="the engines' dtype (float32: equal to HF float32)")
     parser.add_argument("--model", help="checkpoint instead of the recipe's")
     parser.add_argument("--pool", help="prompt pool instead of the recipe's")
+    parser.add_argument("--adaptive", action="store_true",
+                        help="the self-drafted engine drafts by the recipe's draft-slot schedule")
     parser.add_argument("--part", choices=("plain", "drafted", "decoder"), help=argparse.SUPPRESS)  # a child
     args = parser.parse_args()
     if args.part:
@@ -176,13 +194,15 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--config", args.config, "--part", part, "--dtype", args.dtype,
                "--seconds", str(args.seconds), "--greedy-prompts", str(args.greedy_prompts),
                "--batch-sizes", *map(str, args.batch_sizes)]
+        if args.adaptive:
+            cmd.append("--adaptive")
         for flag, value in (("--model", args.model), ("--pool", args.pool)):
             if value:
                 cmd += [flag, value]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         results[part] = json.loads(out.strip().splitlines()[-1])
-    figures = {"config": args.config, "dtype": args.dtype, **summary(results["plain"], results["drafted"],
-                                                                     results["decoder"])}
+    figures = {"config": args.config, "dtype": args.dtype, "slots": results["drafted"]["slots"],
+               **summary(results["plain"], results["drafted"], results["decoder"])}
     text = json.dumps(figures, indent=1)
     print(text)
     if args.json:

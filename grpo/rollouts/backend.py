@@ -92,13 +92,11 @@ class RolloutBackend:
         full length at every step."""
         if not config.vllm_adaptive_drafting:
             return None
-        from grpo.rollouts import draft_slots
+        from grpo.rollouts.draft_slots import recipe_schedule
         from grpo.rollouts.engine_selfspec import draft_length
 
-        k_max = draft_length(ckpt.bd.bd_size, config.vllm_draft_length)
-        shares = config.vllm_draft_acceptance or draft_slots.default_acceptance(k_max)
-        cost = config.vllm_draft_token_cost or draft_slots.DEFAULT_TOKEN_COST
-        return draft_slots.slot_schedule(k_max, shares, cost)
+        return recipe_schedule(draft_length(ckpt.bd.bd_size, config.vllm_draft_length), config.vllm_draft_acceptance,
+                               config.vllm_draft_token_cost)
 
     def _generation_kwargs(self, config: Any, ckpt: Any) -> dict | None:
         """`config.generation_kwargs`, plus for a vision-language checkpoint sampled by vLLM a ban of its image

@@ -66,3 +66,10 @@ def slot_schedule(k_max: int, acceptance: list[float], token_cost: float,
         if k == 0:
             break
     return schedule
+
+
+def recipe_schedule(k_max: int, acceptance: list[float] | None = None,
+                    token_cost: float | None = None) -> list[tuple[int, int, int]]:
+    """`slot_schedule` with a recipe's settings (`vllm_draft_acceptance`, `vllm_draft_token_cost`), None taking
+    the defaults (`default_acceptance`, `DEFAULT_TOKEN_COST`)."""
+    return slot_schedule(k_max, acceptance or default_acceptance(k_max), token_cost or DEFAULT_TOKEN_COST)
