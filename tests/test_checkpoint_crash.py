@@ -29,7 +29,13 @@ def test_ctrl_c_inside_a_save_leaves_the_last_complete_checkpoint_and_resume_goe
             os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C: the weights are written, the trainer state not yet
 
     monkeypatch.setattr(checkpoints, "INSIDE_SAVE", [interrupt])
-    assert main(argv) == 130
+    # Ctrl-C as a user's shell delivers it to a fresh process: Python's own handler, installed again here since
+    # an engine an earlier test started in this process may have put its own in place
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert main(argv) == 130
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)  # None: set outside Python
     run = tmp_path / "run"
     assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-1"]
     assert checkpoints.is_complete(run / "checkpoint-1")

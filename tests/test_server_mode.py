@@ -73,6 +73,7 @@ def served() -> str:
 def server(tmp_path_factory):
     """The base URL of the server of `serve_command`, in its own process group."""
     from grpo.rollouts.engine import free_port
+    from grpo.paths import torch_can_compile
     from grpo.training.machine_check import served_model
     from helpers_env import child_env
 
@@ -80,6 +81,8 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("server") / "serve.log"
     env = child_env(HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
                     TOKENIZERS_PARALLELISM="false", VLLM_SERVER_DEV_MODE="1")  # as trl vllm-serve sets it
+    if not torch_can_compile():  # a venv under a path with a space: as docs/paths.md tells a server's user
+        env["TORCH_COMPILE_DISABLE"] = "1"
     with log.open("w") as out:
         proc = subprocess.Popen(serve_command(port), stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
