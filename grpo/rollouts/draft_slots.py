@@ -20,6 +20,8 @@ because tokens(K) / (2K + 1) falls with K when the shares do not rise.
 """
 from __future__ import annotations
 
+from itertools import accumulate
+
 # Shares of rounds accepting draft token i when none are measured: i + 1 draft tokens accepted with probability
 # 0.87^(i+1), about 6.1 accepted a round at K = 17 (issue 52: 6.136 on the text recipe).
 DEFAULT_DECAY = 0.87
@@ -47,10 +49,8 @@ def slot_schedule(k_max: int, acceptance: list[float], token_cost: float,
     if k_max < 1 or not acceptance or not all(0 <= a <= 1 for a in acceptance) or token_cost <= 0:
         raise ValueError(f"slot_schedule needs k_max >= 1, shares in [0, 1] and token_cost > 0 (got k_max "
                          f"{k_max}, acceptance {acceptance}, token_cost {token_cost})")
-    shares = (list(acceptance) + [0.0] * k_max)[:k_max]
-    tokens = [1.0]
-    for i, share in enumerate(shares):
-        tokens.append(tokens[-1] + min(shares[:i + 1]))
+    shares = accumulate((list(acceptance) + [0.0] * k_max)[:k_max], min)  # made non-increasing
+    tokens = list(accumulate(shares, initial=1.0))  # tokens(K) / b for K = 0 .. k_max
 
     def best(b: int) -> int:
         rate = [tokens[k] / ((2 if k else 1) + token_cost * b * (2 * k + 1)) for k in range(k_max + 1)]
