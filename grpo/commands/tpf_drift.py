@@ -53,7 +53,6 @@ def check_out(args: argparse.Namespace, run_dir) -> Path:
 def check_saved_config(run_dir) -> None:
     """The run's saved config holds values a run accepts, by the config's own checks
     (`grpo.training.config.saved_config_problems`); a `ConfigError` lists every problem."""
-    from grpo.evaluation.run_dir import RUN_CONFIG
     from grpo.training.config import ConfigError, saved_config_problems
 
     problems = saved_config_problems(run_dir.read_config(), str(run_dir.file(RUN_CONFIG)))
