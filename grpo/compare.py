@@ -99,9 +99,9 @@ def evaluate(model: str | Path, probe_set: str, probe_size: int, max_new_tokens:
     from grpo.decoding.tpf import measure_tpf
     from ocr_rewards.settings import HELD_OUT
 
-    rows = load_pool(probe_set)
-    rows = rows.select(range(min(probe_size, len(rows))))
     ckpt = load_checkpoint(model, need_drafter=True)  # LoRA checkpoints: merged into the base their config names
+    rows = load_pool(probe_set, images=ckpt.is_vlm)
+    rows = rows.select(range(min(probe_size, len(rows))))
     logging.getLogger(__name__).info("evaluating %s", ckpt.source.describe())
     stats = measure_tpf(ckpt.model, ckpt.processor, rows, ckpt.bd, is_vlm=ckpt.is_vlm,
                         max_new_tokens=max_new_tokens, compare_ar=True, score=True, progress=False,

@@ -3,7 +3,7 @@
 A pool is a `datasets` dataset with columns `prompt`, `target`, `task_type` and, for vision-language
 policies, `image`. It can be a `save_to_disk` folder, a `.parquet` file, a `.jsonl` file or a built-in
 synthetic split name (`grpo.synthetic.splits.split_of`: `tiny`, `tiny-probe`, a fresh probe `tiny-probe@SEED`,
-...), or the name of a shipped image pool (`grpo.builtin.POOLS`: `tiny-vlm`, `tiny-vlm-probe`). In a jsonl file `image` is a path relative to the file, or `{"bytes": "<base64>"}`, or absent / null
+...; for a vision-language policy its crops, rendered by `grpo.synthetic.render`), or the name of a shipped image pool (`grpo.builtin.POOLS`: `tiny-vlm`, `tiny-vlm-probe`). In a jsonl file `image` is a path relative to the file, or `{"bytes": "<base64>"}`, or absent / null
 for text-only pools.
 
 Every row is checked (task_type known, target and prompt non-empty strings, target within the reward's
@@ -59,8 +59,11 @@ class PoolError(UserError, ValueError):
         super().__init__("\n".join(lines), setting=setting)
 
 
-def load_pool(spec: str, skip_bad: bool = False, index_column: str | None = None):
+def load_pool(spec: str, skip_bad: bool = False, index_column: str | None = None, images: bool = False):
     """Read and validate a pool; returns a `datasets.Dataset` whose `image` column (if any) decodes to PIL.
+
+    `images`: the pool is for a vision-language policy, so a built-in split comes as its rendered crops
+    (`builtin_rows`); a pool file or folder is read as it is.
 
     With `skip_bad` the bad rows are logged and left out; otherwise `PoolError` lists them all.
     `index_column`, when given, names a new int column holding each row's index in the pool as read
@@ -68,7 +71,7 @@ def load_pool(spec: str, skip_bad: bool = False, index_column: str | None = None
     """
     from datasets import Dataset, Image
 
-    rows, base_dir, bad, lines = _read(spec)
+    rows, base_dir, bad, lines = _read(spec, images)
     if isinstance(rows, list):  # jsonl
         rows = [{**row, "image": _jsonl_image(row["image"])} if "image" in row else row for row in rows]
     elif "image" in rows.column_names and isinstance(rows.features["image"], Image):
@@ -138,7 +141,19 @@ def as_prompts(ds, is_vlm: bool):
     return ds.map(lambda row: {"prompt": user_turn(row["prompt"])})
 
 
-def _read(spec: str):
+def builtin_rows(spec: str, images: bool, n: int | None = None):
+    """The first `n` rows (None: all) of the built-in split `spec` as a `datasets.Dataset`: the crops of
+    `grpo.synthetic.render` with the bare task prompt for a vision-language policy (`images`), else text rows."""
+    if images:
+        from grpo.synthetic.render import build_image_split
+
+        return build_image_split(spec, n)
+    from grpo.synthetic.splits import build_split
+
+    return build_split(spec, n)
+
+
+def _read(spec: str, images: bool):
     """(rows: a Dataset or a list of dicts, folder relative image paths start from, unparsable rows,
     the file line of each row: a list for jsonl, None otherwise)."""
     from datasets import DatasetDict
@@ -163,9 +178,9 @@ def _read(spec: str):
         if path.suffix == ".parquet":
             return _read_parquet(path, spec), path.parent, [], None
         return _read_jsonl(path)
-    from grpo.synthetic.splits import FRESH_PROBE, SPLITS, build_split, is_builtin
+    from grpo.synthetic.splits import FRESH_PROBE, SPLITS, is_builtin
     if is_builtin(spec):
-        return build_split(spec), Path.cwd(), [], None
+        return builtin_rows(spec, images), Path.cwd(), [], None
     raise PoolError(spec, f"not found; expected {FORMATS} ({', '.join((*SPLITS, *POOLS))}, or {FRESH_PROBE}@SEED)")
 
 

@@ -209,7 +209,7 @@ def build_reading_glmocr(out_dir: Path) -> Path:
 
 
 def build_tiny_vlm(root: Path, pool_rows: int = 24, probe_rows: int = 6) -> Path:
-    """The committed tiny VLM recipe data (data/tiny/vlm, configs/tiny_vlm_cpu.yaml): `model-init/`
+    """The committed tiny VLM recipe data (data/tiny/vlm, configs/tiny_vlm_smoke.yaml): `model-init/`
     (`build_reading_glmocr`; the `joint` recipes train it into `model/`), and
     `pool/` and `probe/`, rendered crops (grpo/synthetic/render.py) of the first rows of the built-in splits `tiny`
     and `tiny-probe`, saved with `save_to_disk`. Rebuild:

@@ -16,7 +16,7 @@ def test_every_builtin_name_is_a_shipped_folder():
     assert all((model_folder(name) / "config.json").is_file() for name in MODELS)
     assert all((pool_folder(name) / "state.json").is_file() for name in POOLS)
     assert model_folder("nope") is None and pool_folder("tiny") is None  # `tiny` the pool: a synthetic split
-    assert {"tiny_cpu", "tiny_vlm_cpu", "gravityocr_grpo"} <= set(recipes())
+    assert {"tiny_cpu", "tiny_vlm_cpu", "tiny_vlm_null", "tiny_vlm_smoke", "gravityocr_grpo"} <= set(recipes())
     assert {"zero3", "cpu_2proc"} <= set(recipes(ACCELERATE))
 
 
@@ -51,3 +51,18 @@ def test_the_tiny_vlm_probe_by_name_has_its_images():
 
     probe = load_pool("tiny-vlm-probe")
     assert len(probe) == 6 and all(row["image"].size[0] > 0 for row in probe)
+
+
+def test_a_builtin_split_comes_as_its_crops_for_a_glm_ocr_policy():
+    """`images=True` (a GLM-OCR policy's pool or probe): the split's rows rendered as the tiny world's crops, the
+    prompt bare; without it the same rows as text."""
+    from PIL import ImageChops
+
+    from grpo.pool import load_pool
+    from grpo.synthetic.render import render_row
+
+    text, crops = load_pool("tiny-probe@5"), load_pool("tiny-probe@5", images=True)
+    assert "image" not in text.column_names and crops["target"] == text["target"]
+    for row, crop in zip(text, crops):
+        assert crop["prompt"] == row["prompt"].split("\n", 1)[0]
+        assert not ImageChops.difference(crop["image"].convert("RGB"), render_row(row)).getbbox()

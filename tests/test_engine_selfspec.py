@@ -102,7 +102,7 @@ def test_glm_ocr_drafts_its_own_grpo_rollouts(tmp_path):
     from grpo.cli import main
 
     out = tmp_path / "run"
-    assert main(["train", "--config", "tiny_vlm_cpu", "--out", str(out), "--max-steps", "2", "--tpf-every", "0",
+    assert main(["train", "--config", "tiny_vlm_smoke", "--out", str(out), "--max-steps", "2", "--tpf-every", "0",
                  "--set", "vllm_self_speculation=true"]) == 0
     steps = [e for e in map(json.loads, (out / "metrics.jsonl").open()) if "loss" in e]
     assert len(steps) == 2

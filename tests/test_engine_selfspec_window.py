@@ -157,7 +157,7 @@ def _accepted_per_round(outputs: list[list[int]], rounds: float) -> float:
 
 # the reading tiny GLM-OCR drafts a crop's first line well and the text after a line break poorly (docs/vlm.md):
 # 2.05 measured on its 24 crops at the recipe's 16-token cap
-@pytest.mark.parametrize("config, least_tpf", [("tiny_cpu", 3.0), ("tiny_vlm_cpu", 1.8)])
+@pytest.mark.parametrize("config, least_tpf", [("tiny_cpu", 3.0), ("tiny_vlm_smoke", 1.8)])
 def test_engine_window_drafts_as_the_decoder(config, least_tpf):
     """Check `engine-window`: on the recipe's model, prompts and caps, the self-drafted engine's greedy outputs
     equal plain vLLM's, its accepted tokens per round are within 2% of the package's own self-speculative

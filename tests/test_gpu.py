@@ -59,7 +59,7 @@ def _text_config(out: Path, **values):
 
 def _vlm_config(out: Path, **values):
     paths = {"model": str(TINY_VLM / "model"), "pool": str(TINY_VLM / "pool"), "probe_set": str(TINY_VLM / "probe")}
-    return ROOT / "configs" / "tiny_vlm_cpu.yaml", _overrides(out, **paths, **values)
+    return ROOT / "configs" / "tiny_vlm_smoke.yaml", _overrides(out, **paths, **values)
 
 
 def _check_history(out: Path, steps: int, fp32: bool) -> dict:

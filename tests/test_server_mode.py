@@ -289,7 +289,7 @@ def test_run_check_names_the_server_and_refuses_cpu_training(server):
     host, port = server.removeprefix("http://").split(":")
     settings = {"model": str(MODEL), "pool": str(TINY_VLM / "pool"), "probe_set": str(TINY_VLM / "probe"),
                 "use_vllm": True, "vllm_mode": "server", "vllm_server_host": host, "vllm_server_port": int(port)}
-    report = preflight(ROOT / "configs" / "tiny_vlm_cpu.yaml", settings)
+    report = preflight(ROOT / "configs" / "tiny_vlm_smoke.yaml", settings)
     assert report.facts["vLLM server"] == f"{server} serves {served()}"
     assert [p for p in report.problems if "vllm_mode 'server'" in p] == [CPU_REFUSAL]
 

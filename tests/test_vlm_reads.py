@@ -130,7 +130,7 @@ def test_vllm_rollouts_of_real_crops_are_rewarded_above_blank_ones(tmp_path):
     for name, ds in (("real", pool), ("blank", blanked(pool))):
         ds.save_to_disk(str(tmp_path / name))
         out = tmp_path / f"run-{name}"
-        run_training(load_config(ROOT / "configs" / "tiny_vlm_cpu.yaml", {
+        run_training(load_config(ROOT / "configs" / "tiny_vlm_smoke.yaml", {
             "output_dir": str(out), "pool": str(tmp_path / name), "max_steps": 1, "save_steps": 1, "tpf_every": 0,
             "per_device_train_batch_size": 8, "num_generations": 2, "max_completion_length": 64}))
         steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

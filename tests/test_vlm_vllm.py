@@ -187,7 +187,7 @@ def test_grpo_run_with_vllm_images_and_its_checkpoint(tmp_path):
     from grpo.training.run import run_training
 
     out = tmp_path / "run"
-    config = load_config(ROOT / "configs" / "tiny_vlm_cpu.yaml",
+    config = load_config(ROOT / "configs" / "tiny_vlm_smoke.yaml",
                          {"output_dir": str(out), "max_steps": 2, "save_steps": 2, "tpf_every": 2,
                           "model": str(TINY_VLM / "model"), "pool": str(TINY_VLM / "pool"),
                           "probe_set": str(TINY_VLM / "probe")})

@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     out = output_file(args.out, "--out", stamp=STAMP, inputs=[args.pool, args.model], overwrite=args.overwrite)
     ckpt = load_checkpoint(args.model, need_drafter=True, dtype=getattr(torch, dtype))
     console.print(f"model: {ckpt.source.describe()}", markup=False)
-    pool = load_pool(args.pool, skip_bad=args.skip_bad)
+    pool = load_pool(args.pool, skip_bad=args.skip_bad, images=ckpt.is_vlm)
     if args.limit is not None:
         pool = pool.select(range(min(args.limit, len(pool))))
     _check_sizes(args, settings, ckpt, pool, preset.image_long_side if args.image_long_side is None

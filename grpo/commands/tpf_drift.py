@@ -82,7 +82,7 @@ def remeasure_checkpoints(run: RunDir, default: Callable[[str], Any], *, probe_s
     (`grpo.checkpoint.load_checkpoint`: LoRA adapters merged into the base their config names) and decoded on
     the GPU when there is one; `on_checkpoint(step, source)` hears of each (`source.describe()`).
     """
-    from grpo.checkpoint import load_checkpoint
+    from grpo.checkpoint import is_vlm_checkpoint, load_checkpoint
     from grpo.decoding.tpf import tpf_stats
     from grpo.evaluation.drift import ProbeSettings, drift_records, probe_decode, probe_metrics, probe_settings
     from grpo.hardware import torch_device
@@ -120,7 +120,7 @@ def remeasure_checkpoints(run: RunDir, default: Callable[[str], Any], *, probe_s
         points.insert(0, (0, config["model"]))
     if not points:
         raise ConfigError(f"{run.path}: no checkpoint-N folders to measure")
-    rows = load_pool(probe_set)
+    rows = load_pool(probe_set, images=is_vlm_checkpoint(points[0][1]))
     rows = rows.select(range(min(size, len(rows))))
     # the run's rewards first (a step's reward precedes its probe), then one entry per measured checkpoint
     entries = [{"step": e["step"], "reward": e["reward"]} for e in history if "reward" in e and "step" in e]

@@ -161,7 +161,7 @@ def grpo_tiny_default(run: Run) -> None:
 
 def grpo_tiny_glm_ocr(run: Run) -> None:
     """GRPO without vLLM on the tiny GLM-OCR with images: bf16, gradient checkpointing, 2 steps, probe 0-2."""
-    run.history(run.train("tiny_vlm_cpu", max_steps=2, save_steps=2, tpf_every=1, **VLM_DATA), 2, probes=True)
+    run.history(run.train("tiny_vlm_smoke", max_steps=2, save_steps=2, tpf_every=1, **VLM_DATA), 2, probes=True)
 
 
 def selfspec_rollouts(run: Run) -> None:
@@ -184,7 +184,7 @@ def drafter_loss_bf16(run: Run) -> None:
 
 def lora(run: Run) -> None:
     """LoRA GRPO on the tiny GLM-OCR with images (the probe decodes through peft's wrappers), 2 steps."""
-    out = run.train("tiny_vlm_cpu", use_peft=True, lora_r=8, lora_alpha=16, lora_dropout=0.0, max_steps=2,
+    out = run.train("tiny_vlm_smoke", use_peft=True, lora_r=8, lora_alpha=16, lora_dropout=0.0, max_steps=2,
                     save_steps=2, tpf_every=1, **VLM_DATA)
     run.history(out, 2, probes=True)
 
@@ -194,12 +194,12 @@ def checkpoint_resume(run: Run) -> None:
     from grpo.checkpoint import load_checkpoint
 
     values = dict(save_steps=1, tpf_every=0, **VLM_DATA)
-    out = run.train("tiny_vlm_cpu", max_steps=1, **values)
+    out = run.train("tiny_vlm_smoke", max_steps=1, **values)
     ckpt = load_checkpoint(out / "checkpoint-1", need_drafter=True)
     run.figures.update(is_vlm=ckpt.is_vlm, processor=type(ckpt.processor).__name__, bd_size=ckpt.bd.bd_size,
                        mask_id=ckpt.bd.mask_id)
     run.check(ckpt.is_vlm and run.figures["processor"] == "Glm46VProcessor", f"reloaded as {run.figures}")
-    run.train("tiny_vlm_cpu", resume=True, max_steps=2, **values)
+    run.train("tiny_vlm_smoke", resume=True, max_steps=2, **values)
     run.history(out, 2, probes=False)
     state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
     run.figures["resumed_global_step"] = state["global_step"]

@@ -190,14 +190,10 @@ def tokenize_rows(rows, tokenizer, max_target_tokens: int,
 
 def _training_rows(spec: str, n: int, images: bool):
     """The first `n` rows (0: all) of a built-in split (rendered crops if `images`) or a pool path."""
-    from grpo.synthetic.splits import build_split, is_builtin
+    from grpo.pool import builtin_rows, load_pool
+    from grpo.synthetic.splits import is_builtin
     if is_builtin(spec):
-        if images:
-            from grpo.synthetic.render import build_image_split
-
-            return build_image_split(spec, n or None)
-        return build_split(spec, n or None)
-    from grpo.pool import load_pool
+        return builtin_rows(spec, images, n or None)
 
     rows = load_pool(spec)
     return rows.select(range(min(n, len(rows)))) if n else rows

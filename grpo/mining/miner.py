@@ -171,8 +171,9 @@ def mine(cfg: MineConfig, llm=None) -> dict:
                   is_own=lambda out: MiningStore(out).is_run(), inputs=[cfg.pool, cfg.model], setting="out")
     source = locate(cfg.model)
     log.info("model: %s", source.describe())
-    pool = load_pool(cfg.pool, skip_bad=cfg.skip_bad, index_column=INDEX)
-    problem = policy_mismatch(pool, f"prompt pool {cfg.pool}", is_vlm_checkpoint(source.model_dir))
+    is_vlm = is_vlm_checkpoint(source.model_dir)
+    pool = load_pool(cfg.pool, skip_bad=cfg.skip_bad, index_column=INDEX, images=is_vlm)
+    problem = policy_mismatch(pool, f"prompt pool {cfg.pool}", is_vlm)
     if problem:
         raise MiningError(problem)
     previous = [c for c in STAT_COLUMNS if c in pool.column_names]

@@ -85,7 +85,7 @@ def check_pool(spec: str, is_vlm: bool | None, report: PreflightReport, label: s
     from grpo.errors import UserError
 
     try:
-        ds = load_pool(spec, skip_bad=skip_bad)
+        ds = load_pool(spec, skip_bad=skip_bad, images=bool(is_vlm))
     except (UserError, OSError) as err:  # an unreadable file or folder is a UserError too
         report.problems.append(f"{label}: {err}")
         return None
