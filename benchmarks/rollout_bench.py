@@ -43,7 +43,8 @@ def _setup(args: argparse.Namespace):
     cfg = load_config(args.config)
     torch.set_num_threads(cfg.cpu_threads or 1)
     model = resolve_model(args.model or cfg.model)
-    return cfg, model, is_vlm_checkpoint(model), list(load_pool(args.pool or cfg.pool))
+    vlm = is_vlm_checkpoint(model)
+    return cfg, model, vlm, list(load_pool(args.pool or cfg.pool, images=vlm))
 
 
 def run_engine(args: argparse.Namespace, drafted: bool) -> dict:
