@@ -175,6 +175,33 @@ def test_report_only_pairs_the_finished_seeds_and_writes_the_report(tmp_path, mo
                  "--seeds", "3", "--out", str(tmp_path), "--report-only"]) == 2
 
 
+def test_the_default_probe_is_the_reference_recipes_own(tmp_path, monkeypatch):
+    """Without probe flags, the final checkpoints are probed as the reference recipe probes its runs: its
+    probe_set, probe_size and tpf_max_new_tokens (a GLM-OCR recipe's 352 tokens, not the text demo's 192)."""
+    from grpo.cli import main
+    from grpo.outputs import mark
+    from grpo.synthetic.splits import generate
+
+    rows = generate("tiny-probe", 6)
+    reference = tmp_path / "reference.yaml"
+    root = Path(__file__).resolve().parents[1]
+    reference.write_text(f"extends: {root / 'configs' / 'tiny_cpu.yaml'}\nprobe_size: 6\ntpf_max_new_tokens: 99\n")
+    out = tmp_path / "out"
+    mark(out, compare.STAMP)
+    probe = {**compare.DEFAULT_PROBE, "probe_size": 6, "max_new_tokens": 99}
+    evals = [{"index": i, "task": r["task_type"], "tokens": 12, "forwards": 4, "ar_equal": True, "truncated": False,
+              "reward": 0.5, "text": ""} for i, r in enumerate(rows)]
+    (out / compare.probe_named(compare.START_FILE, probe)).write_text(json.dumps(evals))
+    for arm in ("a", "b"):
+        (out / arm / "seed-1").mkdir(parents=True)
+        (out / arm / "seed-1" / compare.probe_named(compare.EVAL_FILE, probe)).write_text(json.dumps(evals))
+    monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: pytest.fail("report-only trained"))
+    assert main(["compare", "--arm", "a", str(reference), "--arm", "b", "configs/tiny_drafter.yaml",
+                 "--seeds", "1", "--out", str(out), "--report-only"]) == 0
+    report = json.loads((out / "compare.tiny-probe-6-99.json").read_text())
+    assert report["probe"] == probe
+
+
 def test_another_probe_reevaluates_finished_runs_into_files_named_after_it(tmp_path, monkeypatch, capsys):
     from grpo.cli import main
     from grpo.outputs import mark

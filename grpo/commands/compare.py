@@ -17,14 +17,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="folder of the runs and the report (resumable)")
     parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
                         help="config override for every arm (e.g. --set tpf_every=0); repeatable")
-    parser.add_argument("--probe-set", default=DEFAULT_PROBE["probe_set"],
+    parser.add_argument("--probe-set", default=None,
                         help="prompts the final checkpoints are evaluated on (a pool; tiny-probe@SEED: a fresh "
-                             "synthetic probe). On another probe than the default, a finished comparison is "
-                             "only re-evaluated, into files named after the probe")
-    parser.add_argument("--probe-size", type=int, default=DEFAULT_PROBE["probe_size"],
-                        help="first N prompts of the probe set")
-    parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_PROBE["max_new_tokens"],
-                        help="output cap per probe prompt")
+                             "synthetic probe; default: the reference arm's probe_set). On another probe than "
+                             "the default, a finished comparison is only re-evaluated, into files named after "
+                             "the probe")
+    parser.add_argument("--probe-size", type=int, default=None,
+                        help="first N prompts of the probe set (default: the reference arm's probe_size)")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help="output cap per probe prompt (default: the reference arm's tpf_max_new_tokens)")
     parser.add_argument("--postprocess", choices=("none", "gravityocr"), default=DEFAULT_PROBE["postprocess"],
                         help="scoring mode of the held-out reward (ocr_rewards.postprocess); another than 'none' "
                              "re-evaluates a finished comparison into files named after it")
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
 
     from grpo.console import console
     from grpo.errors import UserError
-    from grpo.compare import REPORT_FILE, STAMP, Arm, probe_named, run_comparison
+    from grpo.compare import DEFAULT_PROBE, REPORT_FILE, STAMP, Arm, probe_named, run_comparison
     from grpo.outputs import output_folder
     from grpo.training.config import load_config
     from grpo.limits import MAX_SEED
@@ -110,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
 
     for flag, value, high in (("--probe-size", args.probe_size, MAX_PROBE_SIZE),
                               ("--max-new-tokens", args.max_new_tokens, MAX_NEW_TOKENS)):
-        if not 1 <= value <= high:
+        if value is not None and not 1 <= value <= high:
             raise UserError(f"{flag} must be >= 1, got {value}" if value < 1 else
                             f"{flag} must be at most {high:,}, got {value}")
     arms = []
@@ -129,18 +130,21 @@ def run(args: argparse.Namespace) -> int:
     common = _pairs(args.assignments, "--set")
     from grpo.pool import load_pool
 
+    configs = []
     for arm in arms:  # every recipe builds, and its pool reads, before anything is written (the runs check the rest)
-        config = load_config(arm.config, {**common, **arm.overrides})
+        configs.append(load_config(arm.config, {**common, **arm.overrides}))
         try:
-            load_pool(config.pool, skip_bad=config.skip_bad)
+            load_pool(configs[-1].pool, skip_bad=configs[-1].skip_bad)
         except UserError as err:
             raise UserError(f"--arm {arm.name}: {err}") from None
-    load_pool(args.probe_set)
+    reference = configs[0]  # the probe the reference recipe's own runs are probed on, unless the flags say otherwise
+    probe = {"probe_set": args.probe_set or reference.probe_set or DEFAULT_PROBE["probe_set"],
+             "probe_size": args.probe_size or reference.probe_size,
+             "max_new_tokens": args.max_new_tokens or reference.tpf_max_new_tokens, "postprocess": args.postprocess}
+    load_pool(probe["probe_set"])
     output_folder(args.out, "--out", kind="comparison", stamp=STAMP, inputs=[a.config for a in arms],
                   overwrite=None)
     try:
-        probe = {"probe_set": args.probe_set, "probe_size": args.probe_size, "max_new_tokens": args.max_new_tokens,
-                 "postprocess": args.postprocess}
         report = run_comparison(arms, args.seeds, args.out, common=common, probe=probe,
                                 report_only=args.report_only, log=lambda text: console.print(text, markup=False))
     except ValueError as err:  # unpaired or unfinished runs
