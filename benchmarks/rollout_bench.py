@@ -11,8 +11,9 @@ after the other:
 - sampled (the recipe's temperature, one seed per request) at each `--batch-sizes` N: batches of N pool prompts
   (cycling through the pool) after one warm-up batch, until the engine has run `--seconds` on that size; wall
   time, tokens, and the counts of `grpo.rollouts.engine_selfspec.rollout_metrics` (`draft_slots`: slots a step
-  drafted). `--adaptive` gives the self-drafted engine the recipe's draft-slot schedule
-  (`vllm_adaptive_drafting`, `grpo.rollouts.draft_slots.recipe_schedule`), written as `slots`.
+  drafted). The self-drafted engine drafts as the recipe's rollouts do: by its draft-slot schedule
+  (`grpo.rollouts.draft_slots.recipe_slots`, written as `slots`), or at the full length at every step with
+  `vllm_fixed_drafting` in the recipe or `--fixed-drafting`.
 
 Accepted per round, one definition for both drafters: the tokens a verify round commits beyond the one the target
 adds (its bonus token; a round that ends an output counts its last token as that), i.e. (output tokens - prefill
@@ -20,7 +21,7 @@ tokens - rounds) / rounds, the engine's rounds being vLLM's `num_drafts`. vLLM's
 at a stop token or `max_tokens`, is written beside it.
 
     python benchmarks/rollout_bench.py --config configs/tiny_cpu.yaml --json runs/rollout_bench.json
-    python benchmarks/rollout_bench.py --config configs/tiny_cpu.yaml --adaptive --json runs/rollout_bench_slots.json
+    python benchmarks/rollout_bench.py --config configs/tiny_cpu.yaml --fixed-drafting --json runs/bench_full.json
 """
 from __future__ import annotations
 
@@ -51,12 +52,15 @@ def run_engine(args: argparse.Namespace, drafted: bool) -> dict:
     """One engine's figures (this runs in a child process)."""
     from vllm import SamplingParams
 
+    from grpo.block_diffusion import BlockDiffusionConfig
     from grpo.prompting import user_turn
+    from grpo.rollouts.draft_slots import recipe_slots
     from grpo.rollouts.engine import make_llm
     from grpo.rollouts.engine_selfspec import rollout_metrics, spec_counters
 
     cfg, model, vlm, rows = _setup(args)
-    slots = schedule(cfg, model) if drafted and args.adaptive else None
+    slots = (recipe_slots(cfg, BlockDiffusionConfig.load(model).bd_size) if drafted and not args.fixed_drafting
+             else None)
     llm = make_llm(model, seed=cfg.seed, max_model_len=cfg.vllm_max_model_length, dtype=args.dtype,
                    self_speculation=drafted, slots=slots, log_stats=True)
     tokenizer = llm.get_tokenizer()
@@ -98,16 +102,6 @@ def run_engine(args: argparse.Namespace, drafted: bool) -> dict:
         out["sampled"][str(size)] = {"seconds": seconds, "batches": batches, "tokens": tokens,
                                      **rollout_metrics(before, spec_counters(llm), drafted)}
     return out
-
-
-def schedule(cfg, model) -> list[tuple[int, int, int]]:
-    """The recipe's draft-slot schedule for `model`, as the rollout backend decides it."""
-    from grpo.block_diffusion import BlockDiffusionConfig
-    from grpo.rollouts.draft_slots import recipe_schedule
-    from grpo.rollouts.engine_selfspec import draft_length
-
-    k_max = draft_length(BlockDiffusionConfig.load(model).bd_size, cfg.vllm_draft_length)
-    return recipe_schedule(k_max, cfg.vllm_draft_acceptance, cfg.vllm_draft_token_cost)
 
 
 def run_decoder(args: argparse.Namespace) -> dict:
@@ -182,8 +176,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", help="the engines' dtype (float32: equal to HF float32)")
     parser.add_argument("--model", help="checkpoint instead of the recipe's")
     parser.add_argument("--pool", help="prompt pool instead of the recipe's")
-    parser.add_argument("--adaptive", action="store_true",
-                        help="the self-drafted engine drafts by the recipe's draft-slot schedule")
+    parser.add_argument("--fixed-drafting", action="store_true",
+                        help="the self-drafted engine drafts the full length at every step (vllm_fixed_drafting)")
     parser.add_argument("--part", choices=("plain", "drafted", "decoder"), help=argparse.SUPPRESS)  # a child
     args = parser.parse_args()
     if args.part:
@@ -195,8 +189,8 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--config", args.config, "--part", part, "--dtype", args.dtype,
                "--seconds", str(args.seconds), "--greedy-prompts", str(args.greedy_prompts),
                "--batch-sizes", *map(str, args.batch_sizes)]
-        if args.adaptive:
-            cmd.append("--adaptive")
+        if args.fixed_drafting:
+            cmd.append("--fixed-drafting")
         for flag, value in (("--model", args.model), ("--pool", args.pool)):
             if value:
                 cmd += [flag, value]

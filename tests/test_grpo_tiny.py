@@ -50,7 +50,8 @@ def test_tpf_floor_stops_and_saves(tmp_path):
 def test_self_drafted_rollouts_keep_the_policys_distribution(tmp_path):
     """Check `engine-selfspec`: with the engine drafting for itself, the rollouts' logprobs stay the policy's
     (TRL's sampling_logp_difference, as small as without speculation) and each target forward makes >= 3 tokens
-    (half that per forward of the weights, the drafter's counted)."""
+    (half that per forward of the weights, the drafter's counted). The recipe's slot schedule reaches the engine:
+    the rollout batch of 32 drafts fewer than K = 17 slots a step."""
     from grpo.cli import main
 
     out = tmp_path / "run"
@@ -63,18 +64,4 @@ def test_self_drafted_rollouts_keep_the_policys_distribution(tmp_path):
         assert entry["rollout/tokens_per_target_forward"] >= 3.0, entry
         assert entry["rollout/tokens_per_forward"] == pytest.approx(entry["rollout/tokens_per_target_forward"] / 2)
         assert entry["rollout/accepted_per_round"] > 0, entry
-
-
-def test_adaptive_drafting_drafts_fewer_slots_at_the_rollout_batch(tmp_path):
-    """With `vllm_adaptive_drafting` the recipe's slot schedule reaches the engine: the rollout batch drafts fewer
-    than K = 17 slots a step, and the rollouts' logprobs stay the policy's."""
-    from grpo.cli import main
-
-    out = tmp_path / "run"
-    assert main(["train", "--config", str(TINY_CONFIG), "--output-dir", str(out), "--max-steps", "1",
-                 "--tpf-every", "0", "--set", "vllm_self_speculation=true",
-                 "--set", "vllm_adaptive_drafting=true"]) == 0
-    steps = [e for e in map(json.loads, (out / "metrics.jsonl").open()) if "loss" in e]
-    assert len(steps) == 1
-    assert steps[0]["sampling/sampling_logp_difference/max"] <= 0.05, steps[0]
-    assert 1.0 < steps[0]["rollout/draft_slots"] < 17.0, steps[0]
+        assert 1.0 < entry["rollout/draft_slots"] < 17.0, entry

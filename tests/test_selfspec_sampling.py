@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from grpo.decoding.batched import BatchARDecoder, BatchDecoder, Sampler
+from helpers_sampling import chi_square_p, exact_ar_distribution, tally_outputs
 
 VOCAB, EOS, MASK = 5, 0, 1
 PROMPT = [2, 3, 4, 2]
@@ -27,42 +28,8 @@ def model():
     return LlamaForCausalLM(config).eval()
 
 
-@torch.inference_mode()
 def ar_distribution(model, temperature: float) -> dict[tuple[int, ...], float]:
-    """Probability of every possible output of AR sampling at `temperature` (stop at EOS or MAX_NEW tokens)."""
-    def next_probs(prefix):
-        logits = model(input_ids=torch.tensor([PROMPT + list(prefix)])).logits[0, -1]
-        return (logits.double() / temperature).softmax(-1)
-
-    dist, frontier = {}, {(): 1.0}
-    while frontier:
-        grown = {}
-        for prefix, mass in frontier.items():
-            for token, p in enumerate(next_probs(prefix).tolist()):
-                out = prefix + (token,)
-                target = dist if token == EOS or len(out) == MAX_NEW else grown
-                target[out] = target.get(out, 0.0) + mass * p
-        frontier = grown
-    return dist
-
-
-def chi_square_p(counts: dict, dist: dict, n: int) -> float:
-    """Goodness-of-fit p-value of `counts` against `dist`, cells with expected count < 5 pooled."""
-    stat, cells, rare_obs, rare_exp = 0.0, 0, 0, 0.0
-    assert set(counts) <= set(dist), "a sample the AR distribution cannot produce"
-    for out, p in dist.items():
-        expected, observed = n * p, counts.get(out, 0)
-        if expected < 5:
-            rare_obs, rare_exp = rare_obs + observed, rare_exp + expected
-            continue
-        stat += (observed - expected) ** 2 / expected
-        cells += 1
-    if rare_exp > 0:
-        stat += (rare_obs - rare_exp) ** 2 / rare_exp
-        cells += 1
-    dof = cells - 1  # chi-square survival function: the regularized upper incomplete gamma function
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
-                                         torch.tensor(stat / 2, dtype=torch.float64)))
+    return exact_ar_distribution(model, PROMPT, temperature, MAX_NEW, EOS)
 
 
 def sample(decoder_cls, model, temperature: float, seed: int, **kwargs):
@@ -73,10 +40,7 @@ def sample(decoder_cls, model, temperature: float, seed: int, **kwargs):
 
 
 def tally(results) -> dict[tuple[int, ...], int]:
-    counts: dict[tuple[int, ...], int] = {}
-    for r in results:
-        counts[tuple(r.tokens)] = counts.get(tuple(r.tokens), 0) + 1
-    return counts
+    return tally_outputs(r.tokens for r in results)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from typing import Any, Callable
 
 from grpo.hardware import vllm_on_cpu
+from grpo.rollouts.draft_slots import recipe_slots
 
 HF, SELFSPEC, COLOCATE, SELF_DRAFTED, SERVER = "hf", "selfspec", "colocate", "self-drafted", "server"
 
@@ -53,7 +54,8 @@ class RolloutBackend:
         self.mode = rollout_mode(config)
         self.on_cpu = vllm_on_cpu()
         self.draft_length = config.vllm_draft_length
-        self.slots = self._slots(config, ckpt) if self.mode == SELF_DRAFTED else None
+        # draft slots by batch size, decided once (None: the full length at every step)
+        self.slots = recipe_slots(config, ckpt.bd.bd_size) if self.mode == SELF_DRAFTED else None
         self.image_token_id = ckpt.model.config.image_token_id if ckpt.is_vlm else None  # the one vLLM expands
         self.engine_kwargs = self._engine_kwargs(config, ckpt)
         self.generation_kwargs = self._generation_kwargs(config, ckpt)
@@ -85,18 +87,6 @@ class RolloutBackend:
 
         dtype = str(next(ckpt.model.parameters()).dtype).removeprefix("torch.") if self.on_cpu else "auto"
         return device_kwargs(dtype, enforce_eager=config.vllm_enforce_eager)
-
-    def _slots(self, config: Any, ckpt: Any) -> list[tuple[int, int, int]] | None:
-        """The self-drafted engine's draft slots by batch size (`grpo.rollouts.draft_slots.slot_schedule`) with
-        `vllm_adaptive_drafting`, decided once from the recipe and the checkpoint's draft length; None drafts the
-        full length at every step."""
-        if not config.vllm_adaptive_drafting:
-            return None
-        from grpo.rollouts.draft_slots import recipe_schedule
-        from grpo.rollouts.engine_selfspec import draft_length
-
-        return recipe_schedule(draft_length(ckpt.bd.bd_size, config.vllm_draft_length), config.vllm_draft_acceptance,
-                               config.vllm_draft_token_cost)
 
     def _generation_kwargs(self, config: Any, ckpt: Any) -> dict | None:
         """`config.generation_kwargs`, plus for a vision-language checkpoint sampled by vLLM a ban of its image

@@ -21,6 +21,7 @@ because tokens(K) / (2K + 1) falls with K when the shares do not rise.
 from __future__ import annotations
 
 from itertools import accumulate
+from typing import Any
 
 # Shares of rounds accepting draft token i when none are measured: i + 1 draft tokens accepted with probability
 # 0.87^(i+1), about 6.1 accepted a round at K = 17 (issue 52: 6.136 on the text recipe).
@@ -68,8 +69,15 @@ def slot_schedule(k_max: int, acceptance: list[float], token_cost: float,
     return schedule
 
 
-def recipe_schedule(k_max: int, acceptance: list[float] | None = None,
-                    token_cost: float | None = None) -> list[tuple[int, int, int]]:
-    """`slot_schedule` with a recipe's settings (`vllm_draft_acceptance`, `vllm_draft_token_cost`), None taking
-    the defaults (`default_acceptance`, `DEFAULT_TOKEN_COST`)."""
-    return slot_schedule(k_max, acceptance or default_acceptance(k_max), token_cost or DEFAULT_TOKEN_COST)
+def recipe_slots(config: Any, bd_size: int) -> list[tuple[int, int, int]] | None:
+    """A self-drafted engine's draft slots by batch size for a recipe and a checkpoint of block size `bd_size`:
+    `slot_schedule` up to the recipe's draft length (`vllm_draft_length`, else B + 1) with its
+    `vllm_draft_acceptance` and `vllm_draft_token_cost` (None taking `default_acceptance` and
+    `DEFAULT_TOKEN_COST`), or None, the full length at every step, where the recipe sets `vllm_fixed_drafting`."""
+    if config.vllm_fixed_drafting:
+        return None
+    from grpo.rollouts.engine_selfspec import draft_length
+
+    k_max = draft_length(bd_size, config.vllm_draft_length)
+    return slot_schedule(k_max, config.vllm_draft_acceptance or default_acceptance(k_max),
+                         config.vllm_draft_token_cost or DEFAULT_TOKEN_COST)

