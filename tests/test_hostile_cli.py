@@ -961,7 +961,7 @@ def _run_folder(here: Path, **config) -> Path:
 
 
 @pytest.mark.parametrize("config, culprit", [
-    ({"tpf_samples": 10 ** 9}, "tpf_samples must be an integer in [1, 64], got 1000000000"),
+    ({"tpf_samples": 10 ** 9}, "tpf_samples must be an integer in [0, 64] (0: greedy only), got 1000000000"),
     ({"tpf_max_new_tokens": 10 ** 9}, "tpf_max_new_tokens must be an integer in [1, 65536], got 1000000000"),
     ({"tpf_batch_size": 10 ** 6}, "tpf_batch_size must be an integer in [1, "),
     ({"probe_size": 10 ** 9}, "probe_size must be an integer in [1, 100000], got 1000000000"),

@@ -72,12 +72,16 @@ def probe_problems(values: Mapping[str, Any]) -> list[str]:
     from grpo.decoding.presets import PRESETS
     from grpo.decoding.tpf import DecodeSettingsError
     from grpo.errors import quoted
+    from grpo.limits import MAX_SAMPLES, whole_in
 
     if not isinstance(values["preset"], str) or values["preset"] not in PRESETS:
         return [f"tpf_preset must be one of {', '.join(PRESETS)}, got {quoted(values['preset'])}"]
     out = [] if values["postprocess"] in POSTPROCESS_MODES else [
         f"eval_postprocess must be one of {', '.join(POSTPROCESS_MODES)}, got {quoted(values['postprocess'])}"]
-    for sampled in (False, True) if values["samples"] else (False,):
+    samples = values["samples"]
+    if not whole_in(samples, 0, MAX_SAMPLES):  # 0 is the probe's own value (greedy only), no decoder's
+        out.append(f"tpf_samples must be an integer in [0, {MAX_SAMPLES}] (0: greedy only), got {quoted(samples)}")
+    for sampled in (False, True) if samples and whole_in(samples, 1, MAX_SAMPLES) else (False,):
         try:
             _decode(values, sampled)
         except DecodeSettingsError as err:
