@@ -72,7 +72,8 @@ def remeasure_checkpoints(run: RunDir, default: Callable[[str], Any], *, probe_s
                           probe_size: int | None = None, max_new_tokens: int | None = None,
                           postprocess: str | None = None, include_initial: bool = True,
                           on_checkpoint: Callable[[int, Any], None] = lambda step, source: None) -> list[dict]:
-    """TPF and held-out reward of every saved checkpoint of `run` (and of its starting model), as drift records.
+    """TPF and held-out reward of every saved checkpoint of `run` (and of its starting model), as drift records;
+    its saved config is checked already (`check_saved_config`).
 
     The probe settings default to the run's own (its `run_config.json`; a field it lacks at `default(field)`,
     the config's default; `postprocess` names another held-out scoring mode), and so does the dtype: a bf16 run is
@@ -87,7 +88,6 @@ def remeasure_checkpoints(run: RunDir, default: Callable[[str], Any], *, probe_s
     from grpo.evaluation.drift import ProbeSettings, drift_records, probe_decode, probe_metrics, probe_settings
     from grpo.hardware import torch_device
     from grpo.errors import quoted
-    from grpo.limits import MAX_PROBE_SIZE, whole_in
     from grpo.pool import load_pool
     from grpo.yaml_config import ConfigError
 
@@ -97,16 +97,11 @@ def remeasure_checkpoints(run: RunDir, default: Callable[[str], Any], *, probe_s
     if probe_set is None:
         raise ConfigError(f"{run.path}: no run_config.json to take the probe set from; name the probe set",
                           setting="probe_set")
-    try:  # values read back from the run's config are checked where they are read
+    try:  # the values `check_saved_config` does not type: the names read back from the run's config
         settings = ProbeSettings.of(lambda name: config.get(name, default(name)))
         size = probe_size or config.get("probe_size", default("probe_size"))
-        if not whole_in(size, 1, MAX_PROBE_SIZE):
-            raise ConfigError(f"probe_size = {quoted(size)} is not an integer >= 1 (at most {MAX_PROBE_SIZE:,})")
         if not isinstance(probe_set, str):
             raise ConfigError(f"probe_set = {quoted(probe_set)} is not a pool name or path")
-        floor = config.get("tpf_floor")
-        if floor is not None and (isinstance(floor, bool) or not isinstance(floor, (int, float))):
-            raise ConfigError(f"tpf_floor = {quoted(floor)} is not a number")
         if include_initial and not isinstance(config.get("model", ""), str):
             raise ConfigError(f"model = {quoted(config['model'])} is not a checkpoint name")
     except ConfigError as err:
