@@ -160,6 +160,7 @@ def summary(plain: dict, drafted: dict, hf: dict) -> dict:
         out["batch_sizes"][size] = {
             "tokens_per_forward": d["rollout/tokens_per_forward"],
             "tokens_per_target_forward": d["rollout/tokens_per_target_forward"],
+            "tpf": d.get("rollout/tpf"),
             "draft_slots": d.get("rollout/draft_slots"),
             "accepted_per_round_vllm": d.get("rollout/accepted_per_round"),
             "accepted_at": {k.rsplit("_", 1)[1]: v for k, v in d.items() if k.startswith("rollout/accepted_at_")},
