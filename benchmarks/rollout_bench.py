@@ -9,7 +9,8 @@ after the other:
 - greedy (temperature 0) over the first `--greedy-prompts` pool prompts: outputs compared token for token between
   the engines and with `grpo.decoding.selfspec.SelfSpecDecoder` (greedy, same caps and block size);
 - sampled (the recipe's temperature, one seed per request) at each `--batch-sizes` N: batches of N pool prompts
-  (cycling through the pool) after one warm-up batch, until the engine has run `--seconds` on that size; wall
+  (cycling through the pool), each on empty prefix and encoder caches as a GRPO step after its weight sync, after
+  one warm-up batch, until the engine has run `--seconds` on that size; wall
   time, tokens, and the counts of `grpo.rollouts.engine_selfspec.rollout_metrics` (`draft_slots`: slots a step
   drafted). The self-drafted engine drafts as the recipe's rollouts do: by its draft-slot schedule
   (`grpo.rollouts.draft_slots.recipe_slots`, written as `slots`), or at the full length at every step with
@@ -18,7 +19,9 @@ after the other:
 Accepted per round, one definition for both drafters: the tokens a verify round commits beyond the one the target
 adds (its bonus token; a round that ends an output counts its last token as that), i.e. (output tokens - prefill
 tokens - rounds) / rounds, the engine's rounds being vLLM's `num_drafts`. vLLM's own figure, counted before the cut
-at a stop token or `max_tokens`, is written beside it.
+at a stop token or `max_tokens`, is written beside it. Under a slot schedule the greedy batch drafts its batch size's
+slots (none at all where the schedule decodes plainly; the figures are then None), so the engine's figure is the
+decoder's only with `--fixed-drafting`.
 
     python benchmarks/rollout_bench.py --config configs/tiny_cpu.yaml --json runs/rollout_bench.json
     python benchmarks/rollout_bench.py --config configs/tiny_cpu.yaml --fixed-drafting --json runs/bench_full.json
@@ -55,7 +58,7 @@ def run_engine(args: argparse.Namespace, drafted: bool) -> dict:
     from grpo.block_diffusion import BlockDiffusionConfig
     from grpo.prompting import user_turn
     from grpo.rollouts.draft_slots import recipe_slots
-    from grpo.rollouts.engine import make_llm
+    from grpo.rollouts.engine import make_llm, reset_caches
     from grpo.rollouts.engine_selfspec import rollout_metrics, spec_counters
 
     cfg, model, vlm, rows = _setup(args)
@@ -90,6 +93,7 @@ def run_engine(args: argparse.Namespace, drafted: bool) -> dict:
             cursor += size
             params = [SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_completion_length,
                                      seed=cfg.seed * 1_000_003 + seed * 1000 + i) for i in range(size)]
+            reset_caches(llm)  # as a GRPO step finds them after its weight sync: no prompt cached from another batch
             outs = llm.generate([request(r) for r in group], params, use_tqdm=False)
             return sum(len(o.outputs[0].token_ids) for o in outs)
 
@@ -130,9 +134,10 @@ def run_decoder(args: argparse.Namespace) -> dict:
     return {"greedy": tokens, "prompt_ids": prompt_ids, "rounds": rounds, "seconds": time.perf_counter() - start}
 
 
-def accepted_per_round(outputs: list[list[int]], rounds: float) -> float:
-    """Tokens a round commits beyond the target's one (module docstring): (tokens - prefills - rounds) / rounds."""
-    return (sum(map(len, outputs)) - len(outputs) - rounds) / rounds
+def accepted_per_round(outputs: list[list[int]], rounds: float) -> float | None:
+    """Tokens a round commits beyond the target's one (module docstring): (tokens - prefills - rounds) / rounds;
+    None without rounds (a slot schedule that drafts nothing at the greedy batch)."""
+    return (sum(map(len, outputs)) - len(outputs) - rounds) / rounds if rounds else None
 
 
 def summary(plain: dict, drafted: dict, hf: dict) -> dict:
@@ -145,8 +150,8 @@ def summary(plain: dict, drafted: dict, hf: dict) -> dict:
            "greedy_equal_hf_decoder": sum(a == b for a, b in zip(hf["greedy"], drafted["greedy"])) / n,
            "prompt_ids_equal": plain["prompt_ids"] == drafted["prompt_ids"] == hf["prompt_ids"],
            "engine_accepted_per_round": engine_apr, "hf_accepted_per_round": hf_apr,
-           "accepted_ratio_engine_hf": engine_apr / hf_apr,
-           "engine_accepted_per_round_vllm": drafted["greedy_counts"]["rollout/accepted_per_round"],
+           "accepted_ratio_engine_hf": None if engine_apr is None else engine_apr / hf_apr,
+           "engine_accepted_per_round_vllm": drafted["greedy_counts"].get("rollout/accepted_per_round"),
            "engine_accepted_at": {k.rsplit("_", 1)[1]: v for k, v in drafted["greedy_counts"].items()
                                   if k.startswith("rollout/accepted_at_")},
            "greedy_tokens_per_forward": drafted["greedy_counts"]["rollout/tokens_per_forward"],
@@ -156,8 +161,10 @@ def summary(plain: dict, drafted: dict, hf: dict) -> dict:
         out["batch_sizes"][size] = {
             "tokens_per_forward": d["rollout/tokens_per_forward"],
             "tokens_per_target_forward": d["rollout/tokens_per_target_forward"],
+            "tpf": d.get("rollout/tpf"),
             "draft_slots": d.get("rollout/draft_slots"),
             "accepted_per_round_vllm": d.get("rollout/accepted_per_round"),
+            "accepted_at": {k.rsplit("_", 1)[1]: v for k, v in d.items() if k.startswith("rollout/accepted_at_")},
             "plain_seconds": p["seconds"], "plain_tokens": p["tokens"], "plain_batches": p["batches"],
             "drafted_seconds": d["seconds"], "drafted_tokens": d["tokens"], "drafted_batches": d["batches"],
             "plain_tokens_per_s": p["tokens"] / p["seconds"], "drafted_tokens_per_s": d["tokens"] / d["seconds"],

@@ -94,16 +94,16 @@ def test_greedy_is_ar_greedy_and_one_reload_updates_the_drafter(drafted_engine, 
 
 
 def test_glm_ocr_drafts_its_own_grpo_rollouts(tmp_path):
-    """Check engine-selfspec-vlm: GRPO on the tiny GLM-OCR with the engine drafting for itself (M-RoPE, images,
-    one copy): the rollouts' logprobs stay the policy's, and every step commits at least 2 tokens per forward of
-    the policy's weights, the drafting forwards counted."""
+    """Check engine-selfspec-vlm: GRPO on the tiny GLM-OCR with the engine drafting for itself at the full length
+    (M-RoPE, images, one copy): the rollouts' logprobs stay the policy's, and every step commits at least 2 tokens
+    per forward of the policy's weights, the drafting forwards counted."""
     import json
 
     from grpo.cli import main
 
     out = tmp_path / "run"
     assert main(["train", "--config", "tiny_vlm_smoke", "--out", str(out), "--max-steps", "2", "--tpf-every", "0",
-                 "--set", "vllm_self_speculation=true"]) == 0
+                 "--set", "vllm_self_speculation=true", "--set", "vllm_fixed_drafting=true"]) == 0
     steps = [e for e in map(json.loads, (out / "metrics.jsonl").open()) if "loss" in e]
     assert len(steps) == 2
     for entry in steps:

@@ -19,7 +19,9 @@ def test_expand_writes_float_values_per_draft_token():
 
 
 def test_metrics_count_every_forward_of_the_weights():
-    """A drafted engine drafts once per target forward: its honest count is half the engine's own figure."""
+    """A drafted engine drafts once per target forward: its honest count is half the engine's own figure; docs/spec.md
+    §5's TPF leaves out x0 (2 of the 40 tokens), the prefills and the drafts after the last rounds (4 of 16
+    forwards)."""
     before = {**dict.fromkeys(COUNTERS, 10.0), f"{PER_POS}[0]": 10.0, f"{PER_POS}[1]": 4.0}
     # 2 requests: 2 prefills + 6 verify rounds of 8 slots (and 8 draft forwards) made 40 tokens, 2 + 6 bonus tokens
     # and 32 accepted drafts, 6 at position 0 and 3 at position 1
@@ -27,13 +29,15 @@ def test_metrics_count_every_forward_of_the_weights():
              f"{PER_POS}[0]": 16.0, f"{PER_POS}[1]": 7.0}
     assert rollout_metrics(before, after, drafted=True) == {"rollout/tokens_per_forward": 2.5,
                                                             "rollout/tokens_per_target_forward": 5.0,
+                                                            "rollout/tpf": 38 / 12,
                                                             "rollout/draft_slots": 8.0,
                                                             "rollout/accepted_per_round": 32 / 6,
                                                             "rollout/accepted_at_0": 1.0,
                                                             "rollout/accepted_at_1": 0.5}
     plain = {**before, GENERATED: 50.0, REQUESTS: 12.0}  # one token per forward
     assert rollout_metrics(before, plain, drafted=False) == {"rollout/tokens_per_forward": 1.0,
-                                                             "rollout/tokens_per_target_forward": 1.0}
+                                                             "rollout/tokens_per_target_forward": 1.0,
+                                                             "rollout/tpf": 1.0}
     assert rollout_metrics(before, before, drafted=True) == {}
 
 
@@ -47,6 +51,7 @@ def test_steps_that_draft_no_slot_count_as_plain_forwards():
     assert metrics["rollout/tokens_per_forward"] == 28 / (2 * (2 + 4) + 10)
     assert metrics["rollout/tokens_per_target_forward"] == 28 / (2 + 4 + 10)
     assert metrics["rollout/draft_slots"] == 16 / 14
+    assert metrics["rollout/tpf"] == (28 - 2) / (2 * 4 + 10)  # spec.md §5: the prefills' forwards and x0 left out
 
 
 def test_draft_length_is_block_size_plus_x0():

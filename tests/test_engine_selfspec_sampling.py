@@ -44,11 +44,11 @@ def checkpoint(tmp_path_factory):
     return model, path
 
 
-def _samples(llm) -> list[tuple[int, ...]]:
+def _samples(llm, count: int = SAMPLES) -> list[tuple[int, ...]]:
     from vllm import SamplingParams
 
     params = SamplingParams(temperature=1.0, max_tokens=MAX_NEW, stop_token_ids=[EOS], detokenize=False)
-    outputs = llm.generate([{"prompt_token_ids": PROMPT}] * SAMPLES, params, use_tqdm=False)
+    outputs = llm.generate([{"prompt_token_ids": PROMPT}] * count, params, use_tqdm=False)
     return [tuple(o.outputs[0].token_ids) for o in outputs]
 
 
@@ -81,4 +81,32 @@ def test_self_drafted_samples_follow_the_ar_distribution_as_plain_vllms_do(check
     assert chi_square_p(drafted, exact, SAMPLES) > 1e-3
     assert two_sample_chi_square_p(drafted, plain) > 1e-3
     # the same test tells a distribution a little off apart: AR's at another temperature
+    assert chi_square_p(drafted, exact_ar_distribution(model, PROMPT, 1.15, MAX_NEW, EOS), SAMPLES) < 1e-6
+
+
+def test_steps_without_drafts_sample_as_plain_vllm_does(checkpoint):
+    """Under a slot schedule that drafts nothing while more than 64 requests run (`draft_slots`), those steps go to
+    vLLM's plain sampler (`self_drafter._plain_when_undrafted`), the others to the rejection sampler: half the
+    samples come in one call (256 requests a step, plain), half in calls of 64 (drafted). Together they fit AR
+    sampling's distribution. Checked to fail with the plain steps' logits scaled by 1.5 (p ~ 1e-186)."""
+    from vllm import LLM
+
+    from grpo.rollouts.engine import device_kwargs, set_engine_env
+    from grpo.rollouts.engine_selfspec import (ACCEPTED, DRAFTS, GENERATED, REQUESTS, spec_counters,
+                                               start_self_drafted)
+
+    model, path = checkpoint
+    torch.set_num_threads(1)
+    set_engine_env()
+    llm = start_self_drafted(LLM, None, [(1, 64, BD_SIZE + 1), (65, 4096, 0)], model=str(path), seed=1,
+                             max_model_len=64, skip_tokenizer_init=True, enable_chunked_prefill=False,
+                             max_num_seqs=256, max_num_batched_tokens=4096, **device_kwargs("float32"))
+    before = spec_counters(llm)
+    drafted = tally_outputs(_samples(llm, SAMPLES // 2) + [out for _ in range(SAMPLES // 128)
+                                                           for out in _samples(llm, 64)])
+    delta = {key: value - before.get(key, 0.0) for key, value in spec_counters(llm).items()}
+    plain_steps = delta[GENERATED] - delta[REQUESTS] - delta[DRAFTS] - delta[ACCEPTED]
+    assert plain_steps > SAMPLES // 20 and delta[DRAFTS] > SAMPLES // 10  # both kinds of step, many of each
+    exact = exact_ar_distribution(model, PROMPT, 1.0, MAX_NEW, EOS)
+    assert chi_square_p(drafted, exact, SAMPLES) > 1e-3
     assert chi_square_p(drafted, exact_ar_distribution(model, PROMPT, 1.15, MAX_NEW, EOS), SAMPLES) < 1e-6

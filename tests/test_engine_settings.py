@@ -76,21 +76,21 @@ def test_each_config_gets_one_rollout_path_and_its_engine_arguments(glm, tmp_pat
 
 def test_self_drafted_engine_adapts_its_slots_unless_the_recipe_fixes_them(glm, tmp_path):
     """The schedule is decided with the backend, from the recipe's shares and cost and the checkpoint's B + 1, and
-    goes into vLLM's speculative config; by default from `DEFAULT_TOKEN_COST` and the default decay; with
+    goes into vLLM's speculative config; by default from `DEFAULT_STEP_COST` and the default decay; with
     `vllm_fixed_drafting` the engine drafts the full length at every step."""
-    from grpo.rollouts.draft_slots import DEFAULT_TOKEN_COST, default_acceptance, slot_schedule
+    from grpo.rollouts.draft_slots import DEFAULT_STEP_COST, StepCost, default_acceptance, slot_schedule
     from grpo.rollouts.engine_selfspec import speculative_kwargs
 
     drafted = {"use_vllm": True, "vllm_self_speculation": True}
     k_max = glm.bd.bd_size + 1
     assert RolloutBackend(_config(tmp_path, **drafted), glm).slots == slot_schedule(
-        k_max, default_acceptance(k_max), DEFAULT_TOKEN_COST)
+        k_max, default_acceptance(k_max), DEFAULT_STEP_COST)
     assert RolloutBackend(_config(tmp_path, **drafted, vllm_fixed_drafting=True), glm).slots is None
     assert RolloutBackend(_config(tmp_path, use_vllm=True), glm).slots is None  # a plain engine drafts nothing
     shares = [0.9, 0.6, 0.3]
-    rollouts = RolloutBackend(_config(tmp_path, **drafted, vllm_draft_acceptance=shares, vllm_draft_token_cost=0.02),
-                              glm)
-    assert rollouts.slots == slot_schedule(k_max, shares, 0.02)
+    cost = [0.05, 2.0, 0.1, 0.02]
+    rollouts = RolloutBackend(_config(tmp_path, **drafted, vllm_draft_acceptance=shares, vllm_step_cost=cost), glm)
+    assert rollouts.slots == slot_schedule(k_max, shares, StepCost(*cost))
     assert rollouts.slots[0][2] == 3 and rollouts.slots[-1][2] == 0  # 3 slots pay at batch 1, unmeasured ones never
     spec = speculative_kwargs(glm.path, slots=rollouts.slots)["speculative_config"]
     assert spec["num_speculative_tokens_per_batch_size"] == rollouts.slots

@@ -99,14 +99,14 @@ def test_malformed_yaml(tmp_path):
     ({"vllm_self_speculation": True, "use_vllm": True, "min_p": 0.05}, "refuses min_p and logit_bias"),
     ({"vllm_draft_length": 5}, "needs vllm_self_speculation: true"),
     ({"vllm_fixed_drafting": True}, "vllm_fixed_drafting needs vllm_self_speculation: true"),
-    ({"vllm_draft_token_cost": 0.01}, "vllm_draft_token_cost sets the adaptive draft slots: it needs "
-                                      "vllm_self_speculation: true and vllm_fixed_drafting: false"),
+    ({"vllm_step_cost": [0.07, 3.3, 0.1, 0.08]}, "vllm_step_cost sets the adaptive draft slots: it needs "
+                                                 "vllm_self_speculation: true and vllm_fixed_drafting: false"),
     ({"vllm_self_speculation": True, "use_vllm": True, "vllm_fixed_drafting": True, "vllm_draft_acceptance": [0.9]},
      "vllm_draft_acceptance sets the adaptive draft slots"),
     ({"vllm_self_speculation": True, "use_vllm": True,
       "vllm_draft_acceptance": [0.9, 1.2]}, r"vllm_draft_acceptance must be a non-empty list of shares in \[0, 1\]"),
     ({"vllm_self_speculation": True, "use_vllm": True,
-      "vllm_draft_token_cost": 0}, r"vllm_draft_token_cost must be a number in \(0, 1\]"),
+      "vllm_step_cost": [0.07, 3.3, 0.1]}, r"vllm_step_cost must be 4 numbers > 0"),
     ({"vllm_self_speculation": True, "use_vllm": True, "vllm_enable_sleep_mode": True}, "vllm_enable_sleep_mode"),
 ])
 def test_cross_field_errors(tmp_path, values, message):

@@ -48,15 +48,14 @@ def test_tpf_floor_stops_and_saves(tmp_path):
 
 
 def test_self_drafted_rollouts_keep_the_policys_distribution(tmp_path):
-    """Check `engine-selfspec`: with the engine drafting for itself, the rollouts' logprobs stay the policy's
-    (TRL's sampling_logp_difference, as small as without speculation) and each target forward makes >= 3 tokens
-    (half that per forward of the weights, the drafter's counted). The recipe's slot schedule reaches the engine:
-    the rollout batch of 32 drafts fewer than K = 17 slots a step."""
+    """Check `engine-selfspec`: with the engine drafting for itself at the full length, the rollouts' logprobs stay
+    the policy's (TRL's sampling_logp_difference, as small as without speculation) and each target forward makes
+    >= 3 tokens (half that per forward of the weights, the drafter's counted)."""
     from grpo.cli import main
 
     out = tmp_path / "run"
     assert main(["train", "--config", str(TINY_CONFIG), "--output-dir", str(out), "--max-steps", "2",
-                 "--tpf-every", "0", "--set", "vllm_self_speculation=true"]) == 0
+                 "--tpf-every", "0", "--set", "vllm_self_speculation=true", "--set", "vllm_fixed_drafting=true"]) == 0
     steps = [e for e in map(json.loads, (out / "metrics.jsonl").open()) if "loss" in e]
     assert len(steps) == 2
     for entry in steps:
@@ -64,4 +63,22 @@ def test_self_drafted_rollouts_keep_the_policys_distribution(tmp_path):
         assert entry["rollout/tokens_per_target_forward"] >= 3.0, entry
         assert entry["rollout/tokens_per_forward"] == pytest.approx(entry["rollout/tokens_per_target_forward"] / 2)
         assert entry["rollout/accepted_per_round"] > 0, entry
-        assert 1.0 < entry["rollout/draft_slots"] < 17.0, entry
+        assert entry["rollout/draft_slots"] == pytest.approx(17.0), entry
+
+
+def test_self_drafted_rollouts_follow_the_slot_schedule(tmp_path):
+    """By default the recipe's slot schedule reaches the engine: the rollout batch of 32 decodes plainly while 8 or
+    more requests run and drafts in its tail, so a step drafts between 0 and 17 slots on average, some steps are
+    plain (tokens per forward above half those per target forward), and the logprobs stay the policy's."""
+    from grpo.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(TINY_CONFIG), "--output-dir", str(out), "--max-steps", "1",
+                 "--tpf-every", "0", "--set", "vllm_self_speculation=true"]) == 0
+    steps = [e for e in map(json.loads, (out / "metrics.jsonl").open()) if "loss" in e]
+    assert len(steps) == 1
+    entry = steps[0]
+    assert entry["sampling/sampling_logp_difference/max"] <= 0.05, entry
+    assert 0.0 < entry["rollout/draft_slots"] < 17.0, entry
+    assert entry["rollout/tokens_per_forward"] > entry["rollout/tokens_per_target_forward"] / 2, entry
+    assert entry["rollout/accepted_per_round"] > 0, entry

@@ -161,6 +161,9 @@ def rollout_metrics(before: dict[str, float], after: dict[str, float], drafted: 
     before each round and after a request's last target forward (`gpu_model_runner.py::sample_tokens` drafts for
     the whole batch before finished requests leave): counted as prefills + rounds, the most there can be.
     `rollout/tokens_per_target_forward`: over the target's forwards only.
+    `rollout/tpf`: docs/spec.md §5's TPF, Σ (tokens - 1) / Σ forwards: x0, from the prefill, and the prefill's forward
+    not counted; a round's draft and verify forwards and a plain step's forward counted; the draft forward vLLM runs
+    after a request's last target forward not counted (the package's decoder runs none). Plain decoding: 1.0.
     `rollout/draft_slots` (only drafted): draft tokens verified per target forward after the prefill, the slots a
     step drafts averaged over rounds and plain steps (the full length without a schedule).
     `rollout/accepted_per_round` (only with drafts): draft tokens the rejection sampler accepted per verify round,
@@ -171,13 +174,15 @@ def rollout_metrics(before: dict[str, float], after: dict[str, float], drafted: 
     if not drafted:
         if delta[GENERATED] <= 0:
             return {}
-        return {"rollout/tokens_per_forward": 1.0, "rollout/tokens_per_target_forward": 1.0}
+        return {"rollout/tokens_per_forward": 1.0, "rollout/tokens_per_target_forward": 1.0, "rollout/tpf": 1.0}
     plain = max(0.0, delta[GENERATED] - delta[REQUESTS] - delta[DRAFTS] - delta[ACCEPTED])
     drafts = delta[REQUESTS] + delta[DRAFTS]
     if drafts <= 0:
         return {}
     out = {"rollout/tokens_per_forward": delta[GENERATED] / (2 * drafts + plain),
            "rollout/tokens_per_target_forward": delta[GENERATED] / (drafts + plain)}
+    if 2 * delta[DRAFTS] + plain > 0:
+        out["rollout/tpf"] = (delta[GENERATED] - delta[REQUESTS]) / (2 * delta[DRAFTS] + plain)
     if delta[DRAFTS] + plain > 0:
         out["rollout/draft_slots"] = delta[DRAFT_TOKENS] / (delta[DRAFTS] + plain)
     if delta[DRAFTS] > 0:

@@ -210,9 +210,27 @@ def _exact_draft_probs(original):
     return draft_probs
 
 
+def _plain_when_undrafted(original):
+    """vLLM's `_sample`, with a step in which no request verifies a draft (the slot schedule's K = 0) sampled by the
+    plain sampler. vLLM's runner builds spec-decode metadata for every step of an engine with a speculative config
+    (`gpu_model_runner.py`, `_prepare_inputs`, `use_spec_decode`) and runs the rejection sampler on zero drafts: it
+    samples the bonus tokens with that same sampler (`rejection_sampler.py`, `forward`) and then does the rejection
+    work on nothing (a batch x vocabulary exponential draw, the target probabilities), which made a K = 0 step 30%
+    slower than a plain engine's at batch 32 on CPU."""
+
+    def sample(self, logits, spec_decode_metadata):
+        if spec_decode_metadata is not None and spec_decode_metadata.max_spec_len == 0:
+            spec_decode_metadata = None
+        return original(self, logits, spec_decode_metadata)
+
+    sample.plain_when_undrafted = True
+    return sample
+
+
 def install() -> None:
     """Engines started from now on in this process draft with `SelfDraftProposer` (one whose draft model is
-    another checkpoint keeps vLLM's own behaviour) and never fall back to deterministic rejection silently."""
+    another checkpoint keeps vLLM's own behaviour), never fall back to deterministic rejection silently, and sample
+    a step without drafts with the plain sampler."""
     from vllm.v1.worker import gpu_model_runner
 
     from grpo.rollouts.cpu_expand import repair_cpu_expand
@@ -221,6 +239,8 @@ def install() -> None:
     runner = gpu_model_runner.GPUModelRunner
     if not getattr(runner._get_spec_decode_draft_probs, "exact", False):
         runner._get_spec_decode_draft_probs = _exact_draft_probs(runner._get_spec_decode_draft_probs)
+    if not getattr(runner._sample, "plain_when_undrafted", False):
+        runner._sample = _plain_when_undrafted(runner._sample)
     repair_cpu_expand()
 
 

