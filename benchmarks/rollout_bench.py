@@ -20,8 +20,8 @@ Accepted per round, one definition for both drafters: the tokens a verify round 
 adds (its bonus token; a round that ends an output counts its last token as that), i.e. (output tokens - prefill
 tokens - rounds) / rounds, the engine's rounds being vLLM's `num_drafts`. vLLM's own figure, counted before the cut
 at a stop token or `max_tokens`, is written beside it. Under a slot schedule the greedy batch drafts its batch size's
-slots (none at all where the schedule decodes plainly; the figures are then None), so the engine's figure is the
-decoder's only with `--fixed-drafting`.
+slots, fewer than the decoder's or none, and its plain steps add tokens without rounds: the engine's accepted per
+round and its ratio to the decoder's are then None. `--fixed-drafting` gives them.
 
     python benchmarks/rollout_bench.py --config configs/tiny_cpu.yaml --json runs/rollout_bench.json
     python benchmarks/rollout_bench.py --config configs/tiny_cpu.yaml --fixed-drafting --json runs/bench_full.json
@@ -136,14 +136,14 @@ def run_decoder(args: argparse.Namespace) -> dict:
 
 def accepted_per_round(outputs: list[list[int]], rounds: float) -> float | None:
     """Tokens a round commits beyond the target's one (module docstring): (tokens - prefills - rounds) / rounds;
-    None without rounds (a slot schedule that drafts nothing at the greedy batch)."""
+    None without rounds."""
     return (sum(map(len, outputs)) - len(outputs) - rounds) / rounds if rounds else None
 
 
 def summary(plain: dict, drafted: dict, hf: dict) -> dict:
     """The figures the bench writes (module docstring)."""
     n = len(plain["greedy"])
-    engine_apr = accepted_per_round(drafted["greedy"], drafted["greedy_rounds"])
+    engine_apr = accepted_per_round(drafted["greedy"], drafted["greedy_rounds"]) if drafted["slots"] is None else None
     hf_apr = accepted_per_round(hf["greedy"], hf["rounds"])
     out = {"greedy_prompts": n,
            "greedy_equal": sum(a == b for a, b in zip(plain["greedy"], drafted["greedy"])) / n,
