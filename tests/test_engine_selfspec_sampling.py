@@ -55,7 +55,7 @@ def _samples(llm, count: int = SAMPLES) -> list[tuple[int, ...]]:
 def test_self_drafted_samples_follow_the_ar_distribution_as_plain_vllms_do(checkpoint):
     from vllm import LLM
 
-    from grpo.rollouts.engine import device_kwargs, set_engine_env
+    from grpo.rollouts.engine import device_kwargs, engine_start_guard, set_engine_env
     from grpo.rollouts.engine_selfspec import ACCEPTED, DRAFTS, PER_POS, spec_counters, start_self_drafted
 
     model, path = checkpoint
@@ -66,8 +66,10 @@ def test_self_drafted_samples_follow_the_ar_distribution_as_plain_vllms_do(check
     set_engine_env()
     kwargs = dict(model=str(path), seed=0, max_model_len=64, skip_tokenizer_init=True, enable_chunked_prefill=False,
                   max_num_seqs=256, max_num_batched_tokens=4096, **device_kwargs("float32"))
-    plain = tally_outputs(_samples(LLM(**kwargs)))
-    llm = start_self_drafted(LLM, **kwargs)
+    with engine_start_guard():  # after earlier tests' numba kernels, as every engine of the package starts
+        plain_llm = LLM(**kwargs)
+        llm = start_self_drafted(LLM, **kwargs)
+    plain = tally_outputs(_samples(plain_llm))
     before = spec_counters(llm)
     drafted = tally_outputs(_samples(llm))
     delta = {key: value - before.get(key, 0.0) for key, value in spec_counters(llm).items()}
@@ -91,16 +93,17 @@ def test_steps_without_drafts_sample_as_plain_vllm_does(checkpoint):
     sampling's distribution. Checked to fail with the plain steps' logits scaled by 1.5 (p ~ 1e-186)."""
     from vllm import LLM
 
-    from grpo.rollouts.engine import device_kwargs, set_engine_env
+    from grpo.rollouts.engine import device_kwargs, engine_start_guard, set_engine_env
     from grpo.rollouts.engine_selfspec import (ACCEPTED, DRAFTS, GENERATED, REQUESTS, spec_counters,
                                                start_self_drafted)
 
     model, path = checkpoint
     torch.set_num_threads(1)
     set_engine_env()
-    llm = start_self_drafted(LLM, None, [(1, 64, BD_SIZE + 1), (65, 4096, 0)], model=str(path), seed=1,
-                             max_model_len=64, skip_tokenizer_init=True, enable_chunked_prefill=False,
-                             max_num_seqs=256, max_num_batched_tokens=4096, **device_kwargs("float32"))
+    with engine_start_guard():
+        llm = start_self_drafted(LLM, None, [(1, 64, BD_SIZE + 1), (65, 4096, 0)], model=str(path), seed=1,
+                                 max_model_len=64, skip_tokenizer_init=True, enable_chunked_prefill=False,
+                                 max_num_seqs=256, max_num_batched_tokens=4096, **device_kwargs("float32"))
     before = spec_counters(llm)
     drafted = tally_outputs(_samples(llm, SAMPLES // 2) + [out for _ in range(SAMPLES // 128)
                                                            for out in _samples(llm, 64)])

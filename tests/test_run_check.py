@@ -27,7 +27,8 @@ CUDA = torch.cuda.is_available()
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    """A checkpoint without a drafter, a tiny GLM-OCR checkpoint, an image pool and a pool with a bad row."""
+    """A checkpoint without a drafter, a tiny GLM-OCR checkpoint, an image pool, a pool with a bad row and a text
+    pool file (a built-in split name is a GLM-OCR policy's crops, a file is read as it is)."""
     from helpers_models import build_glmocr_checkpoint, write_image_pool
 
     root = tmp_path_factory.mktemp("run_check")
@@ -36,8 +37,9 @@ def files(tmp_path_factory):
     rows = [{"prompt": "Text Recognition:", "target": "a", "task_type": "text"},
             {"prompt": "Text Recognition:", "target": "b", "task_type": "poetry"}]
     (root / "bad.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "text.jsonl").write_text(json.dumps(rows[0]) + "\n")
     return {"plain": str(root / "plain"), "glm": str(root / "glm"), "images": str(write_image_pool(root)),
-            "bad": str(root / "bad.jsonl")}
+            "bad": str(root / "bad.jsonl"), "text": str(root / "text.jsonl")}
 
 
 # (overrides on tiny_cpu.yaml with {name} standing for a file of `files`, the reason it is refused or None)
@@ -49,7 +51,7 @@ TABLE = [
     ({"model": "{glm}", "pool": "{images}", "tpf_every": 0, "use_vllm": False, "drafter_loss_weight": 0.3},
      "drafter_loss_weight > 0 is implemented for text checkpoints only"),
     ({"model": "{glm}", "pool": "{images}", "tpf_every": 0}, "vLLM sizes the vision merger"),
-    ({"model": "{glm}", "tpf_every": 0, "use_vllm": False}, "needs an image column"),
+    ({"model": "{glm}", "pool": "{text}", "tpf_every": 0, "use_vllm": False}, "needs an image column"),
     ({"pool": "{bad}"}, "line 2: unknown task_type 'poetry'"),
     ({"pool": "{bad}", "skip_bad": True}, "1 rows make 0 optimizer steps per epoch"),
     ({"max_completion_length": 0}, "max_completion_length must be an integer in [1, 65536]"),
