@@ -132,9 +132,10 @@ def run(args: argparse.Namespace) -> int:
 
     configs = []
     for arm in arms:  # every recipe builds, and its pool reads, before anything is written (the runs check the rest)
-        configs.append(load_config(arm.config, {**common, **arm.overrides}))
+        config = load_config(arm.config, {**common, **arm.overrides})
+        configs.append(config)
         try:
-            load_pool(configs[-1].pool, skip_bad=configs[-1].skip_bad)
+            load_pool(config.pool, skip_bad=config.skip_bad)
         except UserError as err:
             raise UserError(f"--arm {arm.name}: {err}") from None
     reference = configs[0]  # the probe the reference recipe's own runs are probed on, unless the flags say otherwise

@@ -79,9 +79,10 @@ def probe_problems(values: Mapping[str, Any]) -> list[str]:
     out = [] if values["postprocess"] in POSTPROCESS_MODES else [
         f"eval_postprocess must be one of {', '.join(POSTPROCESS_MODES)}, got {quoted(values['postprocess'])}"]
     samples = values["samples"]
-    if not whole_in(samples, 0, MAX_SAMPLES):  # 0 is the probe's own value (greedy only), no decoder's
+    bad_samples = not whole_in(samples, 0, MAX_SAMPLES)  # 0 is the probe's own value (greedy only), no decoder's
+    if bad_samples:
         out.append(f"tpf_samples must be an integer in [0, {MAX_SAMPLES}] (0: greedy only), got {quoted(samples)}")
-    for sampled in (False, True) if samples and whole_in(samples, 1, MAX_SAMPLES) else (False,):
+    for sampled in (False, True) if samples and not bad_samples else (False,):
         try:
             _decode(values, sampled)
         except DecodeSettingsError as err:
