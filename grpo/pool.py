@@ -141,13 +141,14 @@ def as_prompts(ds, is_vlm: bool):
     return ds.map(lambda row: {"prompt": user_turn(row["prompt"])})
 
 
-def builtin_rows(spec: str, images: bool, n: int | None = None):
+def builtin_rows(spec: str, images: bool, n: int | None = None, indent: int = 0):
     """The first `n` rows (None: all) of the built-in split `spec` as a `datasets.Dataset`: the crops of
-    `grpo.synthetic.render` with the bare task prompt for a vision-language policy (`images`), else text rows."""
+    `grpo.synthetic.render` with the bare task prompt for a vision-language policy (`images`; lines drawn up to
+    `indent` cells in), else text rows."""
     if images:
         from grpo.synthetic.render import build_image_split
 
-        return build_image_split(spec, n)
+        return build_image_split(spec, n, indent)
     from grpo.synthetic.splits import build_split
 
     return build_split(spec, n)

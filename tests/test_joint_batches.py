@@ -1,11 +1,11 @@
-"""`length_buckets` of `gravity-grpo joint`: each batch comes from one window of rows of similar length."""
+"""`length_buckets`, `curriculum` and `indent` of `gravity-grpo joint`: which rows each batch comes from."""
 from __future__ import annotations
 
 import random
 
 import pytest
 
-from grpo.joint.train import JointConfig, _batch, curriculum_pools
+from grpo.joint.train import JointConfig, _batch, _training_rows, curriculum_pools
 from grpo.yaml_config import ConfigError
 
 
@@ -46,3 +46,12 @@ def test_the_curriculum_draws_short_rows_first_then_all():
     assert curriculum_pools(pairs, [2, 2, 5, 3], [0, 1])[-1] == (float("inf"), pairs)
     with pytest.raises(ConfigError, match="curriculum must be step counts"):
         JointConfig(ar_steps=5, joint_steps=0, curriculum=[4, 2])
+
+
+def test_indent_is_refused_where_it_cannot_draw_crops():
+    with pytest.raises(ConfigError, match=r"indent must be in \[0, 71\] cells, got 72"):
+        JointConfig(indent=72)
+    with pytest.raises(ConfigError, match="indent draws a built-in split's crops; pool 'rows.jsonl' is a pool path"):
+        JointConfig(pool="rows.jsonl", indent=4)
+    with pytest.raises(ConfigError, match="indent draws crops: the model is a text model"):
+        _training_rows("tiny-train", 4, images=False, indent=4)

@@ -294,3 +294,30 @@ def test_rendered_glyphs_differ_and_come_from_an_installed_font():
     cells = {render._glyph(char).tobytes() for char in string.printable if char.isprintable() and char != " "}
     assert len(cells) == len([c for c in string.printable if c.isprintable() and c != " "])
     assert "matplotlib" in render._font().path
+
+
+def test_indented_crops_draw_each_line_somewhere_in_its_row_and_tables_as_they_are():
+    """With `indent` every text and formula line keeps its own cell row and its glyphs in order, starting 0 to
+    `indent` cells in; the draw is the same for the same split, varies between lines, and leaves tables alone."""
+    from grpo.synthetic.render import CELL, COLUMNS
+
+    plain = build_image_split("tiny-probe", 12)
+    indented = build_image_split("tiny-probe", 12, indent=12)
+    again = build_image_split("tiny-probe", 12, indent=12)
+    starts = []
+    for a, b, c in zip(plain, indented, again):
+        assert a["image"].size == b["image"].size
+        assert b["image"].tobytes() == c["image"].tobytes()
+        if a["task_type"] == "table":
+            assert a["image"].tobytes() == b["image"].tobytes()
+            continue
+        flat, moved = a["image"].convert("L"), b["image"].convert("L")
+        for r in range(flat.height // CELL):
+            row = [flat.crop((c * CELL, r * CELL, (c + 1) * CELL, (r + 1) * CELL)).tobytes() for c in range(COLUMNS)]
+            shifted = [moved.crop((c * CELL, r * CELL, (c + 1) * CELL, (r + 1) * CELL)).tobytes()
+                       for c in range(COLUMNS)]
+            width = next((COLUMNS - i for i, cell in enumerate(reversed(row)) if cell != row[-1]), 0)
+            shift = next(s for s in range(13) if shifted[s:s + width] == row[:width])
+            assert 0 <= shift <= 12
+            starts.append(shift)
+    assert len(set(starts)) > 5

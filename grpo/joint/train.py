@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 
 from grpo.joint.streams import build_example, collate, combine, joint_losses
+from grpo.synthetic.render import COLUMNS
+from grpo.synthetic.splits import is_builtin
 from grpo.yaml_config import ConfigError, Fields, build
 
 logger = logging.getLogger(__name__)
@@ -37,6 +39,9 @@ class JointConfig:
     pool: str = field(default="tiny-train", metadata={
         "help": "training rows: a built-in split (rendered as crops for a GLM-OCR model) or a pool path"})
     pool_rows: int = field(default=0, metadata={"help": "train on the pool's first N rows (0: all)"})
+    indent: int = field(default=0, metadata={
+        "help": "a built-in pool's crops draw each text and formula line 0 to N cells in from the left edge, so "
+                "a line is found by what was written, not by its offset (0: from the edge; docs/vlm.md)"})
     targets: str = field(default="pool", metadata={
         "help": "'pool': the rows' targets; 'greedy': the start model's own AR greedy outputs (self-distillation: "
                 "the drafter learns what the verifier writes; grpo/joint/distill.py)"})
@@ -78,6 +83,11 @@ class JointConfig:
             raise ConfigError(f"targets must be 'pool' or 'greedy', got {self.targets!r}")
         if self.pool_rows < 0:
             raise ConfigError(f"pool_rows must be >= 0, got {self.pool_rows}")
+        if not 0 <= self.indent < COLUMNS:
+            raise ConfigError(f"indent must be in [0, {COLUMNS - 1}] cells, got {self.indent}", setting="indent")
+        if self.indent and not is_builtin(self.pool):
+            raise ConfigError(f"indent draws a built-in split's crops; pool {self.pool!r} is a pool path, its images "
+                              "are read as they are", setting="indent")
         if self.length_buckets < 0:
             raise ConfigError(f"length_buckets must be >= 0, got {self.length_buckets}")
         for name in ("bd_size", "batch_size", "cpu_threads"):
@@ -188,12 +198,16 @@ def tokenize_rows(rows, tokenizer, max_target_tokens: int,
     return pairs
 
 
-def _training_rows(spec: str, n: int, images: bool):
-    """The first `n` rows (0: all) of a built-in split (rendered crops if `images`) or a pool path."""
+def _training_rows(spec: str, n: int, images: bool, indent: int):
+    """The first `n` rows (0: all) of a built-in split (rendered crops if `images`, lines up to `indent` cells in)
+    or a pool path."""
     from grpo.pool import builtin_rows, load_pool
-    from grpo.synthetic.splits import is_builtin
+
     if is_builtin(spec):
-        return builtin_rows(spec, images, n or None)
+        if indent and not images:
+            raise ConfigError("indent draws crops: the model is a text model, its rows have no image",
+                              setting="indent")
+        return builtin_rows(spec, images, n or None, indent)
 
     rows = load_pool(spec)
     return rows.select(range(min(n, len(rows)))) if n else rows
@@ -258,7 +272,7 @@ def train_joint(cfg: JointConfig, progress: bool = True) -> Path:
     tokenizer = tokenizer_of(processor)
     model.config._attn_implementation = "sdpa"
     images = is_vlm(model.config)
-    rows = _training_rows(cfg.pool, cfg.pool_rows, images)
+    rows = _training_rows(cfg.pool, cfg.pool_rows, images, cfg.indent)
     targets = None
     if cfg.targets == "greedy":
         targets = greedy_targets(model, processor, rows, images, cfg.max_target_tokens)

@@ -7,7 +7,9 @@ decoder's offset between an output position and an image column is the same on e
 positions after an image start at its larger side); the height is one cell row per line. A line longer than the
 canvas (a long formula) goes on in the next row.
 
-Text and formulas are drawn as their lines. A table is a borderless grid of its serialized lines: each column as
+Text and formulas are drawn as their lines, from the left edge; a training split may draw each line a random number
+of cells in (`indent`), so that a decoder cannot find a line by its offset from the output position alone and has
+to find it by what it has just written (docs/vlm.md). A table is a borderless grid of its serialized lines: each column as
 wide as its longest cell plus `_GAP` cells, span marks `{rN}`/`{cN}` lengthening or widening the cell, so a
 wrapped label reads as a line of its own, as in the serialization. These are the tiny world's crops only: a
 user's own crops are read as they are (`grpo.crop_size`).
@@ -19,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import random
 import re
 from importlib import resources
 
@@ -66,10 +69,13 @@ def _wrapped_rows(length: int) -> int:
     return max(1, -(-length // COLUMNS))
 
 
-def _render_lines(lines: list[str]) -> Image.Image:
+def _render_lines(lines: list[str], indent: int, rng: random.Random | None) -> Image.Image:
+    """Each line from the left edge, or `indent` > 0: a line that fits drawn 0 to `indent` cells in (as far as it
+    still fits), drawn from `rng`."""
     cells, row = [], 0
     for line in lines:
-        cells.append((row, 0, line))
+        room = min(indent, COLUMNS - len(line))
+        cells.append((row, rng.randint(0, room) if room > 0 else 0, line))
         row += _wrapped_rows(len(line))
     return _grid(cells, row)
 
@@ -103,21 +109,24 @@ def _render_table(rows: list[str]) -> Image.Image:
     return _grid([(r, start[c], text) for r, c, _, text in placed], len(parsed))
 
 
-def render_row(row: dict) -> Image.Image:
-    """The crop image of a text-only row (its serialization after the task prompt)."""
+def render_row(row: dict, indent: int = 0, rng: random.Random | None = None) -> Image.Image:
+    """The crop image of a text-only row (its serialization after the task prompt); text and formula lines drawn
+    up to `indent` cells in, at random from `rng` (tables as they are)."""
     source = row["prompt"].split("\n", 1)[1] if "\n" in row["prompt"] else row["target"]
     lines = source.split("\n")
-    return _render_table(lines) if row["task_type"] == "table" else _render_lines(lines)
+    return _render_table(lines) if row["task_type"] == "table" else _render_lines(lines, indent, rng)
 
 
-def build_image_split(name: str, n: int | None = None):
+def build_image_split(name: str, n: int | None = None, indent: int = 0):
     """The built-in split `name` for a vision-language policy: an `image` column (the crop's rendering) and
-    `prompt` the bare task prompt."""
+    `prompt` the bare task prompt; `indent` > 0 draws text and formula lines up to that many cells in, the same
+    for the same `name`."""
     import datasets
 
     rows = generate(name, n)
+    rng = random.Random(f"{name} indent {indent}")
     for row in rows:
-        row["image"] = render_row(row)
+        row["image"] = render_row(row, indent, rng)
         row["prompt"] = row["prompt"].split("\n", 1)[0]
     features = datasets.Features({"prompt": datasets.Value("string"), "target": datasets.Value("string"),
                                   "task_type": datasets.Value("string"), "image": datasets.Image()})
