@@ -22,6 +22,7 @@ import dataclasses
 import difflib
 import logging
 import os
+import re
 import typing
 from pathlib import Path
 from collections.abc import Hashable
@@ -120,7 +121,24 @@ def _unique_key_loader():
                 seen.add(key)
             return super().construct_mapping(node, deep=deep)
 
+    # YAML 1.2's booleans: only true / false. YAML 1.1 also reads yes, no, on, off, y and n as booleans, which
+    # turns `save_strategy: no` into False; here they stay words (a bool field still reads "yes" as true).
+    Loader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                 list("tTfF"))
     return Loader
+
+
+def load_value(text: str) -> Any:
+    """One `--set` value, read as a recipe reads it (`_unique_key_loader`); bad YAML raises `yaml.YAMLError`."""
+    import yaml
+
+    try:
+        return yaml.load(text, Loader=_unique_key_loader())
+    except _DuplicateKey as err:
+        raise yaml.YAMLError(str(err)) from None
 
 
 def yaml_problem(err) -> str:
@@ -218,7 +236,10 @@ class Fields:
     def _scalar(key: str, action: argparse.Action, value: Any, source: str) -> Any:
         kind = action.type
         bad = ConfigError(f"{source}: {key} must be {_kind(action)}, got {quoted(value)}")
-        if isinstance(value, str):
+        if isinstance(value, str) and getattr(kind, "__name__", "") == "string_to_bool" and \
+                value.lower() in ("on", "off"):
+            out = value.lower() == "on"  # YAML 1.1's other booleans (the loader keeps them as words)
+        elif isinstance(value, str):
             try:
                 out = kind(value)
             except (ValueError, TypeError, argparse.ArgumentTypeError):
@@ -286,7 +307,7 @@ class Fields:
                 if not text.strip():
                     raise ConfigError(f"command line: {key.strip()} has an empty value (KEY=VALUE)")
                 try:
-                    value = yaml.safe_load(text)
+                    value = load_value(text)
                 except (yaml.YAMLError, RecursionError) as err:
                     raise ConfigError(f"command line: {key.strip()}: not a YAML value ({yaml_problem(err)})") \
                         from None

@@ -146,6 +146,24 @@ def test_set_types_by_the_field(tmp_path):
     assert train.overrides(args) == {"max_steps": 3, "learning_rate": 1e-4, "lora_r": 8}
 
 
+def test_no_and_yes_are_words_and_only_true_and_false_are_booleans(tmp_path):
+    """YAML 1.1 reads `no` as False, so `save_strategy: no` (TRL's own spelling) would be refused as a bool."""
+    import argparse
+
+    from grpo.commands import train
+    from grpo.training.config import load_config
+
+    recipe = _write(tmp_path / "r.yaml", "save_strategy: no\nuse_vllm: yes\nbf16: off\nuse_cpu: true\n")
+    assert {k: read_recipe(recipe)[k] for k in ("save_strategy", "use_vllm", "use_cpu")} == \
+        {"save_strategy": "no", "use_vllm": "yes", "use_cpu": True}
+    cfg = load_config(recipe, {"output_dir": str(tmp_path / "run")})
+    assert (cfg.save_strategy, cfg.use_vllm, cfg.bf16, cfg.use_cpu) == ("no", True, False, True)
+    parser = argparse.ArgumentParser()
+    train.add_arguments(parser)
+    args = parser.parse_args(["--set", "save_strategy=no", "--set", "use_vllm=off"])
+    assert train.overrides(args) == {"save_strategy": "no", "use_vllm": False}
+
+
 def test_tpf_names_its_pool_as_the_other_commands(caplog):
     import argparse
 

@@ -37,7 +37,7 @@ def _pairs(assignments: list[str], where: str) -> dict:
     import yaml
 
     from grpo.errors import UserError, quoted
-    from grpo.yaml_config import yaml_problem
+    from grpo.yaml_config import load_value, yaml_problem
 
     values = {}
     for assignment in assignments:
@@ -47,7 +47,7 @@ def _pairs(assignments: list[str], where: str) -> dict:
         if key in values:
             raise UserError(f"{where}: key {quoted(key)} is set twice; give each key once")
         try:
-            values[key] = yaml.safe_load(value)
+            values[key] = load_value(value)
         except (yaml.YAMLError, RecursionError) as err:
             raise UserError(f"{where}: {quoted(key)}: not a YAML value ({yaml_problem(err)})") from None
     return values
