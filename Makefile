@@ -86,8 +86,11 @@ tiny-vlm: setup
 	  "from helpers_models import build_reading_glmocr; build_reading_glmocr('$(VLM_BUILD)/model-init')"
 	test -f $(VLM_BUILD)/model-base/block_diffusion.json || HF_HUB_OFFLINE=1 $(PY) -m grpo.cli joint \
 	  --config configs/joint_tiny_vlm_base.yaml --model $(VLM_BUILD)/model-init --out $(VLM_BUILD)/model-base --overwrite
+	test -f $(VLM_BUILD)/model-lines/block_diffusion.json || HF_HUB_OFFLINE=1 $(PY) -m grpo.cli joint \
+	  --config configs/joint_tiny_vlm_lines.yaml --model $(VLM_BUILD)/model-base --out $(VLM_BUILD)/model-lines \
+	  --overwrite
 	test -f $(VLM_BUILD)/model/block_diffusion.json || HF_HUB_OFFLINE=1 $(PY) -m grpo.cli joint \
-	  --config configs/joint_tiny_vlm.yaml --model $(VLM_BUILD)/model-base --out $(VLM_BUILD)/model --overwrite
+	  --config configs/joint_tiny_vlm.yaml --model $(VLM_BUILD)/model-lines --out $(VLM_BUILD)/model --overwrite
 
 clean:
 	rm -rf .venv build *.egg-info
