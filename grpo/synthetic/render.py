@@ -9,9 +9,9 @@ canvas (a long formula) goes on in the next row.
 
 Text and formulas are drawn as their lines, from the left edge; a training split may draw each line a random number
 of cells in (`indent`), so that a decoder cannot find a line by its offset from the output position alone and has
-to find it by what it has just written (docs/vlm.md). A table is a borderless grid of its serialized lines: each column as
-wide as its longest cell plus `_GAP` cells, span marks `{rN}`/`{cN}` lengthening or widening the cell, so a
-wrapped label reads as a line of its own, as in the serialization. These are the tiny world's crops only: a
+to find it by what it has just written (docs/vlm.md). A table is a borderless grid of its serialized lines: each
+column as wide as its longest cell plus `_GAP` cells, span marks `{rN}`/`{cN}` lengthening or widening the cell, so
+a wrapped label reads as a line of its own, as in the serialization. These are the tiny world's crops only: a
 user's own crops are read as they are (`grpo.crop_size`).
 
 Example:
