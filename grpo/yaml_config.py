@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import logging
 import os
 import re
@@ -103,6 +104,7 @@ class _DuplicateKey(Exception):
     """A YAML mapping that gives a key twice (`line L: key 'k' appears twice`)."""
 
 
+@functools.cache
 def _unique_key_loader():
     """yaml's SafeLoader, refusing a mapping that gives a key twice (it would keep the last value silently)."""
     import yaml

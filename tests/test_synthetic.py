@@ -301,6 +301,9 @@ def test_indented_crops_draw_each_line_somewhere_in_its_row_and_tables_as_they_a
     `indent` cells in; the draw is the same for the same split, varies between lines, and leaves tables alone."""
     from grpo.synthetic.render import CELL, COLUMNS
 
+    def cells(image, r):
+        return [image.crop((c * CELL, r * CELL, (c + 1) * CELL, (r + 1) * CELL)).tobytes() for c in range(COLUMNS)]
+
     plain = build_image_split("tiny-probe", 12)
     indented = build_image_split("tiny-probe", 12, indent=12)
     again = build_image_split("tiny-probe", 12, indent=12)
@@ -313,11 +316,9 @@ def test_indented_crops_draw_each_line_somewhere_in_its_row_and_tables_as_they_a
             continue
         flat, moved = a["image"].convert("L"), b["image"].convert("L")
         for r in range(flat.height // CELL):
-            row = [flat.crop((c * CELL, r * CELL, (c + 1) * CELL, (r + 1) * CELL)).tobytes() for c in range(COLUMNS)]
-            shifted = [moved.crop((c * CELL, r * CELL, (c + 1) * CELL, (r + 1) * CELL)).tobytes()
-                       for c in range(COLUMNS)]
+            row, shifted = cells(flat, r), cells(moved, r)
             width = next((COLUMNS - i for i, cell in enumerate(reversed(row)) if cell != row[-1]), 0)
-            shift = next(s for s in range(13) if shifted[s:s + width] == row[:width])
-            assert 0 <= shift <= 12
+            shift = next((s for s in range(13) if shifted[s:s + width] == row[:width]), None)
+            assert shift is not None, (r, a["target"])   # the row's glyphs, in order, 0 to 12 cells in
             starts.append(shift)
     assert len(set(starts)) > 5
