@@ -143,6 +143,22 @@ def load_value(text: str) -> Any:
         raise yaml.YAMLError(str(err)) from None
 
 
+def assignment(text: str, where: str) -> tuple[str, Any]:
+    """One `KEY=VALUE` of the command line: the key, and the value read as a recipe reads it (`load_value`)."""
+    import yaml
+
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"{where}: expected KEY=VALUE, got {quoted(text)}")
+    if not value.strip():
+        raise ConfigError(f"{where}: {key} has an empty value (KEY=VALUE)")
+    try:
+        return key, load_value(value)
+    except (yaml.YAMLError, RecursionError) as err:
+        raise ConfigError(f"{where}: {key}: not a YAML value ({yaml_problem(err)})") from None
+
+
 def yaml_problem(err) -> str:
     """A YAML parse error on one line: `line L, column C: context, problem`."""
     if isinstance(err, RecursionError):
@@ -297,23 +313,12 @@ class Fields:
 
     def command_line(self, args: argparse.Namespace, problems: list[str] | None = None) -> dict[str, Any]:
         """The keys set on the command line, typed: the generated flags, then every `--set KEY=VALUE`."""
-        import yaml
-
         raw = {name: value for name, value in vars(args).items() if name in self.known}
         out = self.values(raw, "command line", problems)
-        for assignment in getattr(args, "assignments", []):
-            key, sep, text = assignment.partition("=")
+        for text in getattr(args, "assignments", []):
             try:
-                if not sep or not key.strip():
-                    raise ConfigError(f"command line: expected KEY=VALUE after set, got {quoted(assignment)}")
-                if not text.strip():
-                    raise ConfigError(f"command line: {key.strip()} has an empty value (KEY=VALUE)")
-                try:
-                    value = load_value(text)
-                except (yaml.YAMLError, RecursionError) as err:
-                    raise ConfigError(f"command line: {key.strip()}: not a YAML value ({yaml_problem(err)})") \
-                        from None
-                typed = self.values({key.strip(): value}, "command line", problems)
+                key, value = assignment(text, "command line")
+                typed = self.values({key: value}, "command line", problems)
                 twice = sorted(set(typed) & set(out))
                 if twice:  # never "the last value wins", as in a recipe
                     raise ConfigError(f"command line: key {quoted(twice[0])} is set twice; give each key once")

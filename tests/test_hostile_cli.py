@@ -702,7 +702,9 @@ def test_compare_checks_its_arms_and_output_first(here, capsys):
     arms = ["--arm", "a", RECIPE, "--arm", "b", RECIPE]
     _refused_untouched(capsys, here, ["compare", *arms, "--seeds", "1", "--out", "c"], "--out c is a file")
     _refused_untouched(capsys, here, ["compare", "--arm", "a", RECIPE, "beta=[1", "--arm", "b", RECIPE,
-                                      "--seeds", "1", "--out", "new"], "--arm a: 'beta': not a YAML value")
+                                      "--seeds", "1", "--out", "new"], "--arm a: beta: not a YAML value")
+    _refused_untouched(capsys, here, ["compare", "--arm", "a", RECIPE, "beta=", "--arm", "b", RECIPE,
+                                      "--seeds", "1", "--out", "new"], "--arm a: beta has an empty value")
     _refused_untouched(capsys, here, ["compare", "--arm", "a", RECIPE, "beta=1", "beta=2", "--arm", "b", RECIPE,
                                       "--seeds", "1", "--out", "new"], "--arm a: key 'beta' is set twice")
     _refused_untouched(capsys, here, ["compare", *arms, "--seeds", "1", "1", "--out", "new"],

@@ -34,22 +34,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _pairs(assignments: list[str], where: str) -> dict:
-    import yaml
-
     from grpo.errors import UserError, quoted
-    from grpo.yaml_config import load_value, yaml_problem
+    from grpo.yaml_config import assignment
 
     values = {}
-    for assignment in assignments:
-        key, sep, value = assignment.partition("=")
-        if not sep or not key:
-            raise UserError(f"{where}: expected KEY=VALUE, got {quoted(assignment)}")
+    for text in assignments:
+        key, value = assignment(text, where)
         if key in values:
             raise UserError(f"{where}: key {quoted(key)} is set twice; give each key once")
-        try:
-            values[key] = load_value(value)
-        except (yaml.YAMLError, RecursionError) as err:
-            raise UserError(f"{where}: {quoted(key)}: not a YAML value ({yaml_problem(err)})") from None
+        values[key] = value
     return values
 
 
