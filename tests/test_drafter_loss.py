@@ -316,3 +316,69 @@ def test_detach_clean_keeps_the_loss_and_cuts_the_clean_streams_gradient(greedy_
     with pytest.raises(ValueError, match="k_proj"):
         with dl.detached_clean_kv(torch.nn.Linear(2, 2), clean):
             pass
+
+
+# --- a GLM-OCR policy: the drafter reads the crop of its row ---
+def _trl_batch(processor, rows, eos_id, pad_id):
+    """The batch TRL hands `compute_loss` for these rows (left-padded prompts, one crop each) with each row's
+    true transcription + EOS as its completion, and `rows` encoded as joint training encodes them."""
+    from grpo.prompting import encode_prompt
+
+    prompts = [encode_prompt(processor, row, is_vlm=True) for row in rows]
+    targets = [processor.tokenizer(row["target"], add_special_tokens=False).input_ids for row in rows]
+    P, C = max(p["input_ids"].size(1) for p in prompts), max(map(len, targets)) + 1
+
+    def left(t):
+        return torch.cat([t.new_full((P - t.size(1),), pad_id if t.dtype == torch.long else 0), t[0]])
+
+    return {"prompt_ids": torch.stack([left(p["input_ids"]) for p in prompts]),
+            "prompt_mask": torch.stack([left(torch.ones_like(p["input_ids"])).bool().long() for p in prompts]),
+            "mm_token_type_ids": torch.stack([torch.cat([left(p["mm_token_type_ids"]), torch.zeros(C).long()])
+                                              for p in prompts]),
+            "completion_ids": torch.tensor([t + [eos_id] + [pad_id] * (C - 1 - len(t)) for t in targets]),
+            "pixel_values": torch.cat([p["pixel_values"] for p in prompts]),
+            "image_grid_thw": torch.cat([p["image_grid_thw"] for p in prompts]), "num_images": [1] * len(rows)}
+
+
+def test_glm_ocr_drafter_batch_is_joint_trainings_image_rows_and_reads_the_crop():
+    """Two crops of different sizes: each example is the image row joint training builds for its crop (tokens,
+    M-RoPE positions, patches), and the committed reader's drafter loss is lower on its crops than on blank ones."""
+    from pathlib import Path
+
+    from grpo.checkpoint import load_checkpoint
+    from grpo.decoding.kv_session import rope_model
+    from grpo.joint.images import encode_image_rows
+    from grpo.pool import load_pool
+    from grpo.synthetic.reading import blanked
+
+    pytest.importorskip("torchvision", reason="GLM-OCR's processor needs torchvision: run `make setup`")
+    torch.set_num_threads(1)
+    ckpt = load_checkpoint(Path(__file__).parents[1] / "data" / "tiny" / "vlm" / "model", need_drafter=True)
+    model, processor, B = ckpt.model, ckpt.processor, ckpt.bd.bd_size
+    pool = load_pool(str(Path(__file__).parents[1] / "data" / "tiny" / "vlm" / "pool"))
+    picked = [i for i, row in enumerate(pool) if row["task_type"] == "text"][:1] + \
+             [i for i, row in enumerate(pool) if row["task_type"] == "formula"][:1]
+    pool = pool.select(picked)
+    eos, pad = model.generation_config.eos_token_id, processor.tokenizer.pad_token_id
+    eos = eos[0] if isinstance(eos, list) else eos
+    inputs = _trl_batch(processor, list(pool), eos, pad)
+    assert inputs["image_grid_thw"][0].tolist() != inputs["image_grid_thw"][1].tolist()
+    keep = torch.tensor([True, True])
+
+    def examples(batch):
+        return dl.drafter_examples(batch, keep, bd_size=B, mask_id=ckpt.bd.mask_id, stop_ids=[eos],
+                                   gen=torch.Generator().manual_seed(7), rope=rope_model(model))
+
+    real = examples(inputs)
+    gen = torch.Generator().manual_seed(7)
+    for ex, row in zip(real, encode_image_rows(list(pool), model, processor, max_target_tokens=512)):
+        want = streams.build_example(row.prompt_ids, row.target_ids, bd_size=B, mask_id=ckpt.bd.mask_id,
+                                     eos_id=eos, gen=gen, prompt_positions=row.positions)
+        assert ex["input_ids"].tolist() == want["input_ids"].tolist()
+        assert torch.equal(ex["position_ids"], want["position_ids"])
+        assert torch.equal(ex["pixel_values"], row.images["pixel_values"])
+        assert torch.equal(ex["image_grid_thw"], row.images["image_grid_thw"])
+    blank = examples(_trl_batch(processor, list(blanked(pool)), eos, pad))
+    with torch.no_grad():
+        l_real, l_blank = (float(dl.drafter_loss(model, e, pad)) for e in (real, blank))
+    assert l_real < 0.5 * l_blank, (l_real, l_blank)

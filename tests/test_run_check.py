@@ -48,8 +48,6 @@ TABLE = [
     ({"use_peft": True, "load_in_4bit": True}, "load_in_4bit (QLoRA) needs CUDA"),
     ({"model": "{plain}", "tpf_every": 0, "drafter_loss_weight": 0.3}, f"{BD_FILE} is missing"),
     ({"model": "{plain}", "tpf_every": 0}, None),
-    ({"model": "{glm}", "pool": "{images}", "tpf_every": 0, "use_vllm": False, "drafter_loss_weight": 0.3},
-     "drafter_loss_weight > 0 is implemented for text checkpoints only"),
     ({"model": "{glm}", "pool": "{images}", "tpf_every": 0}, "vLLM sizes the vision merger"),
     ({"model": "{glm}", "pool": "{text}", "tpf_every": 0, "use_vllm": False}, "needs an image column"),
     ({"pool": "{bad}"}, "line 2: unknown task_type 'poetry'"),

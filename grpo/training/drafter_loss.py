@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from grpo.decoding.kv_session import prompt_positions, rope_model
 from grpo.joint import streams
 
 DRAFTER_COMPLETIONS = ("all", "positive", "best")
@@ -88,12 +89,25 @@ def target_count(completion_ids: torch.Tensor, keep: torch.Tensor, stop_ids: lis
     return int((ends[keep] + bd_size - 1).sum())
 
 
-def drafter_examples(inputs: dict[str, torch.Tensor], keep: torch.Tensor, *, bd_size: int, mask_id: int,
-                     stop_ids: list[int], gen: torch.Generator) -> list[dict[str, torch.Tensor]]:
+def row_images(inputs: dict[str, Any], i: int) -> dict[str, torch.Tensor]:
+    """Row `i`'s image inputs out of TRL's batch: its `num_images` grids and their patches, sliced as TRL's
+    forward slices them (`image_grid_thw` rows of patches per image, images in row order)."""
+    grids, counts = inputs["image_grid_thw"], inputs["num_images"]
+    first, last = sum(counts[:i]), sum(counts[:i + 1])
+    patches = grids.prod(dim=-1)
+    start = int(patches[:first].sum())
+    return {"pixel_values": inputs["pixel_values"][start: start + int(patches[first:last].sum())],
+            "image_grid_thw": grids[first:last]}
+
+
+def drafter_examples(inputs: dict[str, Any], keep: torch.Tensor, *, bd_size: int, mask_id: int,
+                     stop_ids: list[int], gen: torch.Generator, rope: Any = None) -> list[dict[str, torch.Tensor]]:
     """`streams.build_example` for each kept completion, with only the corrupted-stream targets labelled.
 
     TRL's prompts are left-padded (`prompt_mask`); a completion's target is its tokens before the first stop
     token, and the response is that target + `bd_size` copies of `stop_ids[0]` (the tokenizer's EOS).
+    `rope` (`grpo.decoding.kv_session.rope_model` of a GLM-OCR policy): each example carries its row's image
+    inputs (`row_images`) and its prompt's M-RoPE positions, as joint training's image rows do.
     `greedy_src` (T,) names, for each corrupted-stream position that predicts response token k <= N (the
     target and its first EOS), the clean-stream position P+k-1 whose AR logits predict the same token; -1
     elsewhere (the EOS padding after the first EOS keeps its EOS target).
@@ -101,11 +115,20 @@ def drafter_examples(inputs: dict[str, torch.Tensor], keep: torch.Tensor, *, bd_
     examples = []
     stops = torch.tensor(stop_ids)
     for i in torch.nonzero(keep.cpu()).flatten().tolist():
-        prompt = inputs["prompt_ids"][i][inputs["prompt_mask"][i].bool()].tolist()
+        in_prompt = inputs["prompt_mask"][i].bool()
+        prompt = inputs["prompt_ids"][i][in_prompt].tolist()
         completion = inputs["completion_ids"][i].cpu()
         end = int(torch.isin(completion, stops).int().argmax())  # first stop token (kept rows have one)
+        images, positions = {}, None
+        if rope is not None:
+            images = row_images(inputs, i)
+            kinds = inputs["mm_token_type_ids"][i][: in_prompt.numel()][in_prompt]
+            with torch.no_grad():
+                positions = prompt_positions(rope, {"input_ids": inputs["prompt_ids"][i][in_prompt][None],
+                                                    "mm_token_type_ids": kinds[None], **images})[0][:, 0].cpu()
         ex = streams.build_example(prompt, completion[:end].tolist(), bd_size=bd_size, mask_id=mask_id,
-                                   eos_id=stop_ids[0], gen=gen)
+                                   eos_id=stop_ids[0], gen=gen, prompt_positions=positions)
+        ex.update(images)
         P, R, N = len(prompt), end + bd_size, end
         ex["labels_diff"][:P + R] = streams.IGNORE  # a0 (read at the last prompt token) is the verifier's: GRPO's
         ex["labels_ar"][:] = streams.IGNORE         # the AR path is trained by GRPO alone
@@ -235,10 +258,11 @@ def trainer_loss(trainer: Any, model: Any, inputs: dict) -> torch.Tensor:
     # one corruption draw per micro-step: reproducible from the seed, distinct per process
     gen = torch.Generator().manual_seed((trainer.args.seed * 1_000_003 + trainer._step) * 1009 + acc.process_index)
     bd = trainer.block_diffusion
+    policy = acc.unwrap_model(model)
     examples = drafter_examples(inputs, keep, bd_size=bd.bd_size, mask_id=bd.mask_id,
-                                stop_ids=trainer.eos_token_ids, gen=gen)
+                                stop_ids=trainer.eos_token_ids, gen=gen, rope=rope_model(policy))
     with acc.autocast():
-        l_diff = drafter_loss(acc.unwrap_model(model), examples, trainer._tokenizer.pad_token_id,
+        l_diff = drafter_loss(policy, examples, trainer._tokenizer.pad_token_id,
                               trainer.args.drafter_targets, detach_clean=trainer.args.drafter_detach_clean)
     if l_diff is None:  # no masked target at all (bd_size 1 and an empty response)
         l_diff, used = next(p for p in model.parameters() if p.requires_grad).sum() * 0.0, 0

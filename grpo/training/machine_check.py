@@ -214,6 +214,3 @@ def check_training(cfg: Any, found: Any, on_cpu: bool, report: PreflightReport) 
                                "(peft merge_and_unload + save_pretrained) and train from it")
     if is_vlm and cfg.rollout_decoder == "selfspec":
         report.problems.append("training: rollout_decoder 'selfspec' decodes text policies only; set it to 'hf'")
-    if is_vlm and cfg.drafter_loss_weight > 0:
-        report.problems.append("training: drafter_loss_weight > 0 is implemented for text checkpoints only "
-                               "(grpo.joint.streams builds 1-D positions and no image inputs); set it to 0")
