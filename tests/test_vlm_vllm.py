@@ -94,20 +94,27 @@ def _without_dtype(config):
     return config
 
 
+def _without_offline(folder):
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    settings.pop("local_files_only", None)
+    return settings
+
+
 def test_committed_tiny_vlm_is_what_the_builder_makes(tmp_path):
     """The committed init is the builder's, bit for bit: the builder makes the vocabulary at its final size, so
     its weights come from element-wise draws only (no embedding resize, whose mean-resizing draw from the rows'
     covariance differed in the last bits between CPUs). The committed model is that init after
-    configs/joint_tiny_vlm_base.yaml and configs/joint_tiny_vlm.yaml: the same config, tokenizer and processor, other
-    weights, B = 16."""
+    the stages of configs/joint_tiny_vlm*.yaml: the same config, tokenizer and processor, other weights, B = 16."""
     from safetensors.torch import load_file
 
     from helpers_models import GLM_CHAT_TEMPLATE, build_reading_glmocr
 
     fresh = build_reading_glmocr(tmp_path / "model")
-    for name in ("config.json", "processor_config.json", "tokenizer.json", "tokenizer_config.json",
-                 "chat_template.jinja", "block_diffusion.json"):
+    for name in ("config.json", "processor_config.json", "tokenizer.json", "chat_template.jinja",
+                 "block_diffusion.json"):
         assert (fresh / name).read_text() == (TINY_VLM / "model-init" / name).read_text(), name
+    # transformers writes the hub's offline switch (HF_HUB_OFFLINE) into the tokenizer's config: not the builder's
+    assert _without_offline(fresh) == _without_offline(TINY_VLM / "model-init")
     old, new = load_file(TINY_VLM / "model-init" / "model.safetensors"), load_file(fresh / "model.safetensors")
     assert old.keys() == new.keys() and all(torch.equal(old[k], new[k]) for k in old)
     for name in ("config.json", "processor_config.json", "tokenizer.json"):
