@@ -321,7 +321,7 @@ def test_detach_clean_keeps_the_loss_and_cuts_the_clean_streams_gradient(greedy_
 # --- a GLM-OCR policy: the drafter reads the crop of its row ---
 def _trl_batch(processor, rows, eos_id, pad_id):
     """The batch TRL hands `compute_loss` for these rows (left-padded prompts, one crop each) with each row's
-    true transcription + EOS as its completion, and `rows` encoded as joint training encodes them."""
+    true transcription + EOS as its completion."""
     from grpo.prompting import encode_prompt
 
     prompts = [encode_prompt(processor, row, is_vlm=True) for row in rows]
@@ -353,9 +353,10 @@ def test_glm_ocr_drafter_batch_is_joint_trainings_image_rows_and_reads_the_crop(
 
     pytest.importorskip("torchvision", reason="GLM-OCR's processor needs torchvision: run `make setup`")
     torch.set_num_threads(1)
-    ckpt = load_checkpoint(Path(__file__).parents[1] / "data" / "tiny" / "vlm" / "model", need_drafter=True)
+    tiny_vlm = Path(__file__).parents[1] / "data" / "tiny" / "vlm"
+    ckpt = load_checkpoint(tiny_vlm / "model", need_drafter=True)
     model, processor, B = ckpt.model, ckpt.processor, ckpt.bd.bd_size
-    pool = load_pool(str(Path(__file__).parents[1] / "data" / "tiny" / "vlm" / "pool"))
+    pool = load_pool(str(tiny_vlm / "pool"))
     picked = [i for i, row in enumerate(pool) if row["task_type"] == "text"][:1] + \
              [i for i, row in enumerate(pool) if row["task_type"] == "formula"][:1]
     pool = pool.select(picked)

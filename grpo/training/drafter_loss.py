@@ -116,7 +116,8 @@ def drafter_examples(inputs: dict[str, Any], keep: torch.Tensor, *, bd_size: int
     stops = torch.tensor(stop_ids)
     for i in torch.nonzero(keep.cpu()).flatten().tolist():
         in_prompt = inputs["prompt_mask"][i].bool()
-        prompt = inputs["prompt_ids"][i][in_prompt].tolist()
+        prompt_ids = inputs["prompt_ids"][i][in_prompt]
+        prompt = prompt_ids.tolist()
         completion = inputs["completion_ids"][i].cpu()
         end = int(torch.isin(completion, stops).int().argmax())  # first stop token (kept rows have one)
         images, positions = {}, None
@@ -124,8 +125,8 @@ def drafter_examples(inputs: dict[str, Any], keep: torch.Tensor, *, bd_size: int
             images = row_images(inputs, i)
             kinds = inputs["mm_token_type_ids"][i][: in_prompt.numel()][in_prompt]
             with torch.no_grad():
-                positions = prompt_positions(rope, {"input_ids": inputs["prompt_ids"][i][in_prompt][None],
-                                                    "mm_token_type_ids": kinds[None], **images})[0][:, 0].cpu()
+                positions = prompt_positions(rope, {"input_ids": prompt_ids[None], "mm_token_type_ids": kinds[None],
+                                                    **images})[0][:, 0].cpu()
         ex = streams.build_example(prompt, completion[:end].tolist(), bd_size=bd_size, mask_id=mask_id,
                                    eos_id=stop_ids[0], gen=gen, prompt_positions=positions)
         ex.update(images)
