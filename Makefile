@@ -92,8 +92,11 @@ tiny-vlm: setup
 	test -f $(VLM_BUILD)/model-drafter/block_diffusion.json || HF_HUB_OFFLINE=1 $(PY) -m grpo.cli joint \
 	  --config configs/joint_tiny_vlm_drafter.yaml --model $(VLM_BUILD)/model-lines \
 	  --out $(VLM_BUILD)/model-drafter --overwrite
+	test -f $(VLM_BUILD)/model-joint/block_diffusion.json || HF_HUB_OFFLINE=1 $(PY) -m grpo.cli joint \
+	  --config configs/joint_tiny_vlm_joint.yaml --model $(VLM_BUILD)/model-drafter --out $(VLM_BUILD)/model-joint \
+	  --overwrite
 	test -f $(VLM_BUILD)/model/block_diffusion.json || HF_HUB_OFFLINE=1 $(PY) -m grpo.cli joint \
-	  --config configs/joint_tiny_vlm.yaml --model $(VLM_BUILD)/model-drafter --out $(VLM_BUILD)/model --overwrite
+	  --config configs/joint_tiny_vlm.yaml --model $(VLM_BUILD)/model-joint --out $(VLM_BUILD)/model --overwrite
 
 clean:
 	rm -rf .venv build *.egg-info
