@@ -95,8 +95,11 @@ tiny-vlm: setup
 	test -f $(VLM_BUILD)/model-joint/block_diffusion.json || HF_HUB_OFFLINE=1 $(PY) -m grpo.cli joint \
 	  --config configs/joint_tiny_vlm_joint.yaml --model $(VLM_BUILD)/model-drafter --out $(VLM_BUILD)/model-joint \
 	  --overwrite
+	test -f $(VLM_BUILD)/model-joint2/block_diffusion.json || HF_HUB_OFFLINE=1 $(PY) -m grpo.cli joint \
+	  --config configs/joint_tiny_vlm_joint2.yaml --model $(VLM_BUILD)/model-joint \
+	  --out $(VLM_BUILD)/model-joint2 --overwrite
 	test -f $(VLM_BUILD)/model/block_diffusion.json || HF_HUB_OFFLINE=1 $(PY) -m grpo.cli joint \
-	  --config configs/joint_tiny_vlm.yaml --model $(VLM_BUILD)/model-joint --out $(VLM_BUILD)/model --overwrite
+	  --config configs/joint_tiny_vlm.yaml --model $(VLM_BUILD)/model-joint2 --out $(VLM_BUILD)/model --overwrite
 
 clean:
 	rm -rf .venv build *.egg-info
