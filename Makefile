@@ -81,25 +81,18 @@ bench: setup
 # A stage whose output is complete (its block_diffusion.json, written last) is skipped, so a stopped build goes on
 # at the stage it stopped in.
 VLM_BUILD ?= runs/tiny-vlm
+# One joint stage: $(1) its recipe in configs/, $(2) the folder it starts from, $(3) its output folder.
+vlm_stage = test -f $(VLM_BUILD)/$(3)/block_diffusion.json || HF_HUB_OFFLINE=1 $(PY) -m grpo.cli joint \
+	  --config configs/$(1).yaml --model $(VLM_BUILD)/$(2) --out $(VLM_BUILD)/$(3) --overwrite
 tiny-vlm: setup
 	test -f $(VLM_BUILD)/model-init/block_diffusion.json || PYTHONPATH=tests $(PY) -c \
 	  "from helpers_models import build_reading_glmocr; build_reading_glmocr('$(VLM_BUILD)/model-init')"
-	test -f $(VLM_BUILD)/model-base/block_diffusion.json || HF_HUB_OFFLINE=1 $(PY) -m grpo.cli joint \
-	  --config configs/joint_tiny_vlm_base.yaml --model $(VLM_BUILD)/model-init --out $(VLM_BUILD)/model-base --overwrite
-	test -f $(VLM_BUILD)/model-lines/block_diffusion.json || HF_HUB_OFFLINE=1 $(PY) -m grpo.cli joint \
-	  --config configs/joint_tiny_vlm_lines.yaml --model $(VLM_BUILD)/model-base --out $(VLM_BUILD)/model-lines \
-	  --overwrite
-	test -f $(VLM_BUILD)/model-drafter/block_diffusion.json || HF_HUB_OFFLINE=1 $(PY) -m grpo.cli joint \
-	  --config configs/joint_tiny_vlm_drafter.yaml --model $(VLM_BUILD)/model-lines \
-	  --out $(VLM_BUILD)/model-drafter --overwrite
-	test -f $(VLM_BUILD)/model-joint/block_diffusion.json || HF_HUB_OFFLINE=1 $(PY) -m grpo.cli joint \
-	  --config configs/joint_tiny_vlm_joint.yaml --model $(VLM_BUILD)/model-drafter --out $(VLM_BUILD)/model-joint \
-	  --overwrite
-	test -f $(VLM_BUILD)/model-joint2/block_diffusion.json || HF_HUB_OFFLINE=1 $(PY) -m grpo.cli joint \
-	  --config configs/joint_tiny_vlm_joint2.yaml --model $(VLM_BUILD)/model-joint \
-	  --out $(VLM_BUILD)/model-joint2 --overwrite
-	test -f $(VLM_BUILD)/model/block_diffusion.json || HF_HUB_OFFLINE=1 $(PY) -m grpo.cli joint \
-	  --config configs/joint_tiny_vlm.yaml --model $(VLM_BUILD)/model-joint2 --out $(VLM_BUILD)/model --overwrite
+	$(call vlm_stage,joint_tiny_vlm_base,model-init,model-base)
+	$(call vlm_stage,joint_tiny_vlm_lines,model-base,model-lines)
+	$(call vlm_stage,joint_tiny_vlm_drafter,model-lines,model-drafter)
+	$(call vlm_stage,joint_tiny_vlm_joint,model-drafter,model-joint)
+	$(call vlm_stage,joint_tiny_vlm_joint2,model-joint,model-joint2)
+	$(call vlm_stage,joint_tiny_vlm,model-joint2,model)
 
 clean:
 	rm -rf .venv build *.egg-info
