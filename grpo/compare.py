@@ -7,7 +7,9 @@ self-speculative decoder with AR greedy beside it (`grpo.decoding.tpf.measure_tp
 A run with `eval.json` is skipped, so an interrupted comparison resumes where it stopped; a finished
 training (`wall_time.json`) without it is only evaluated; an unfinished run folder is trained again from scratch
 when `train`'s marker proves `train` made it, and refused otherwise (a user's folder is never removed). Arm names
-become folder names, so each is checked as one (`grpo.paths.check_name`).
+become folder names, so each is checked as one (`grpo.paths.check_name`). Every run of a comparison starts from the
+model files its first call found (`start_models.json`): a model rebuilt in place, e.g. a built-in name's folder,
+is refused rather than mixed into the seeds (`start_models`).
 On a probe other than the default one (`DEFAULT_PROBE`) every evaluation and report file carries the probe
 in its name (`eval.tiny-probe@7-60-192.json`, `compare.tiny-probe@7-60-192.json`), so the same command with
 another `--probe-set` re-evaluates a finished comparison on it without training anything.
@@ -24,6 +26,7 @@ Example:
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -42,6 +45,7 @@ from grpo.outputs import atomic_write, mark, owns_folder
 from grpo.paths import check_name
 
 EVAL_FILE, START_FILE, REPORT_FILE, PLOT_FILE = "eval.json", "start.json", "compare.json", "compare.png"
+START_MODELS_FILE = "start_models.json"  # each arm's start model and the digest of its files, from the first call
 STAMP = "gravity-grpo compare"  # the marker of a comparison folder (grpo.outputs)
 TRAINED_FILE = "wall_time.json"  # the trainer writes it once training has finished
 DEFAULT_PROBE = {"probe_set": "tiny-probe", "probe_size": 60, "max_new_tokens": 192, "postprocess": "none"}
@@ -126,8 +130,10 @@ def _last_error(log_file: Path) -> str:
     return f": {text.removeprefix('error: ')[:300]}"
 
 
-def run_one(arm: Arm, seed: int, out: Path, common: dict, probe: dict, log: Callable[[str], None]) -> list[dict]:
-    """Train and evaluate one run, or read its `eval.json` when it already finished."""
+def run_one(arm: Arm, seed: int, out: Path, common: dict, probe: dict, log: Callable[[str], None],
+            models: dict | None = None) -> list[dict]:
+    """Train and evaluate one run, or read its `eval.json` when it already finished. `models`: the comparison's
+    start models (`start_models`), kept in `START_MODELS_FILE` before the run trains."""
     folder = out / arm.name / f"seed-{seed}"
     done = folder / probe_named(EVAL_FILE, probe)
     if done.is_file():
@@ -143,6 +149,8 @@ def run_one(arm: Arm, seed: int, out: Path, common: dict, probe: dict, log: Call
                 raise CompareError(f"{folder} holds no finished run and was not made by gravity-grpo train; it is "
                                    "kept: move it away, or choose another --out")
             shutil.rmtree(folder)  # an interrupted run of this comparison: train again from scratch
+        if models is not None:
+            _write(out / START_MODELS_FILE, models)
         folder.parent.mkdir(parents=True, exist_ok=True)
         train_log = folder.with_name(f"{folder.name}.train.log")  # beside the run folder, which train creates
         log(f"{arm.name} seed {seed}: training ({train_log})")
@@ -156,6 +164,38 @@ def run_one(arm: Arm, seed: int, out: Path, common: dict, probe: dict, log: Call
     rows = evaluate(final_checkpoint(folder), **probe)
     _write(done, rows)
     return rows
+
+
+def _digest(folders: list[Path]) -> str:
+    """sha256 over the names and bytes of the files in model folders (weights, config, tokenizer, drafter)."""
+    total = hashlib.sha256()
+    for folder in folders:
+        for path in sorted(p for p in folder.iterdir() if p.is_file()):
+            with open(path, "rb") as stream:
+                total.update(path.name.encode() + b"\0" + hashlib.file_digest(stream, "sha256").digest())
+    return total.hexdigest()
+
+
+def start_models(arms: list[Arm], common: dict, out: Path) -> dict:
+    """The record of `START_MODELS_FILE` (spec -> folder and `_digest`) with this call's start models added;
+    `CompareError` where a kept model's files changed since (its seeds would start from two models, and
+    `start.json` from either). Each arm's model is located as `train` locates it (`locate`: a folder, a built-in
+    name, a LoRA checkpoint and its base)."""
+    from grpo.model_source import locate
+    from grpo.training.config import load_config
+
+    path = out / START_MODELS_FILE
+    kept = json.loads(path.read_text()) if path.is_file() else {}
+    found = {}
+    for arm in arms:
+        spec = str(load_config(arm.config, {**common, **arm.overrides}).model)
+        source = locate(spec)
+        found[spec] = {"folder": str(source.folder), "sha256": _digest([source.folder, *filter(None, [source.base])])}
+        if spec in kept and kept[spec]["sha256"] != found[spec]["sha256"]:
+            raise CompareError(f"model {spec!r} ({source.folder}) is not the one this comparison's runs in {out} "
+                               f"started from (its files changed since; {START_MODELS_FILE}): finish it with those "
+                               "files, or start another --out (a copy pinned with --set model=PATH stays put)")
+    return {**kept, **found}
 
 
 def start_rows(model: str, out: Path, probe: dict) -> list[dict]:
@@ -228,6 +268,7 @@ def run_comparison(arms: list[Arm], seeds: list[int], out: str | Path, *, common
     for arm in arms:
         check_name(arm.name, "arm name")
     out = Path(out)
+    models = start_models(arms, common or {}, out)  # refused before anything is written
     mark(out, STAMP)  # `grpo.outputs.output_folder` knows it as this command's own, to resume
     probe = {**DEFAULT_PROBE, **(probe or {})}
     results: dict[str, dict[int, list[dict]]] = {a.name: {} for a in arms}
@@ -238,9 +279,10 @@ def run_comparison(arms: list[Arm], seeds: list[int], out: str | Path, *, common
             raise ValueError(f"{out}: no seed finished in every arm yet")
     for seed in seeds:  # seed-major: a partial comparison already pairs the arms on its first seeds
         for arm in arms:
-            results[arm.name][seed] = run_one(arm, seed, out, common or {}, probe, log)
+            results[arm.name][seed] = run_one(arm, seed, out, common or {}, probe, log, models)
     from grpo.training.config import load_config
 
+    _write(out / START_MODELS_FILE, start_models(arms, common or {}, out))  # a model rebuilt while the runs trained
     model = load_config(arms[0].config, {**(common or {}), **arms[0].overrides}).model
     report = summarize(arms, results, start_rows(model, out, probe), probe)
     _write(out / probe_named(REPORT_FILE, probe), report)

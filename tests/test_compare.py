@@ -105,6 +105,50 @@ def test_finished_runs_are_skipped_and_interrupted_ones_restart(tmp_path, monkey
     assert len(calls) == 1 and not (partial / "stale").exists()
 
 
+def test_a_start_model_rebuilt_between_runs_is_refused_not_mixed(tmp_path, monkeypatch, capsys):
+    """The comparison keeps the digest of its start model from the first run it trains; once the model's files
+    change (a built-in name's folder rebuilt in place), the next call is refused before it trains or reports."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from grpo.cli import main
+    from grpo.model_source import locate
+
+    model = tmp_path / "m"
+    shutil.copytree(locate("tiny").folder, model)
+    trained = []
+
+    def train(command, **_):
+        folder = Path(command[-1].removeprefix("output_dir="))
+        (folder / "checkpoint-1").mkdir(parents=True)
+        (folder / compare.TRAINED_FILE).write_text("{}")
+        trained.append(folder.name)
+        return type("R", (), {"returncode": 0})
+
+    monkeypatch.setattr(compare.subprocess, "run", train)
+    monkeypatch.setattr(compare, "evaluate", lambda model, **probe: [
+        {"index": 0, "task": "text", "tokens": 4, "forwards": 2, "reward": 0.5, "ar_equal": True, "text": ""}])
+    out, probe = tmp_path / "cmp", tmp_path / "probe.jsonl"
+    probe.write_text(json.dumps({"prompt": "p", "target": "t", "task_type": "text"}) + "\n")
+
+    def run(seed):
+        return main(["compare", "--arm", "a", "configs/tiny_cpu.yaml", "--arm", "b", "configs/tiny_cpu.yaml",
+                     "--set", f"model={model}", "--seeds", str(seed), "--out", str(out), "--probe-set", str(probe)])
+
+    assert run(1) == 0 and trained == ["seed-1", "seed-1"]
+    kept = json.loads((out / compare.START_MODELS_FILE).read_text())
+    assert list(kept) == [str(model)] and len(kept[str(model)]["sha256"]) == 64
+    assert run(2) == 0 and len(trained) == 4   # the same files: the runs go on
+    weights = load_file(model / "model.safetensors")
+    name = sorted(weights)[0]
+    save_file({**weights, name: weights[name] + 1e-3}, model / "model.safetensors", metadata={"format": "pt"})
+    capsys.readouterr()
+    assert run(3) == 2 and len(trained) == 4
+    assert "is not the one this comparison's runs in" in capsys.readouterr().err
+    assert json.loads((out / compare.START_MODELS_FILE).read_text()) == kept
+
+
 def test_error_kinds_count_the_noisy_labels_greedy_writes():
     """Outputs that are the noisy labels err at every decision point they carry; the truth errs at none."""
     import random
