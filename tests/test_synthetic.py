@@ -44,6 +44,17 @@ def test_tiny_train_is_unchanged():
     assert digest == "96716aed5111c26a50d83cbb6f2ee62676e079c92ddd70882eb6035a0c09f472"
 
 
+def test_held_out_splits_are_unchanged():
+    """The pool, the probe, mining's candidates and a fresh probe, pinned: a training split added later (each one
+    adds the targets and prompts they skip) leaves every evidence figure measured on them as it was."""
+    pins = {"tiny": "c992b9beb21ece7d84e768f3eef9a88b89812a1429670146fe8c92fbc4f34fcc",
+            "tiny-probe": "8c9668bb571dc239d34862ea23d9e78ab9255cbfef3d52cb3a02fd09a4f31b0f",
+            "tiny-candidates": "f714828f4a2640fa742fd958cddbf439e8977563fa0a01cbbf10f2a13ba23a1e",
+            "tiny-probe@11": "eed5f7e0872b26ec4d0c889767e5b59849302ec652b5cedb6c9c27af908339d2"}
+    for name, pin in pins.items():
+        assert hashlib.sha256(json.dumps(generate(name), sort_keys=True).encode()).hexdigest() == pin, name
+
+
 def _crop(row: dict) -> str:
     return row["prompt"].split("\n", 1)[1]
 
@@ -59,9 +70,10 @@ def test_splits_are_deterministic_and_disjoint():
 
 
 def test_pool_and_probe_show_longer_text_crops():
-    """3-5 lines in the GRPO pool and the probe (steady text TPF); `tiny-train` keeps its 1-3."""
+    """3-5 lines in the GRPO pool and the probe (steady text TPF), and in the reading model's last training split;
+    `tiny-train` keeps its 1-3."""
     for name, counts in (("tiny", {3, 4, 5}), ("tiny-probe", {3, 4, 5}), ("tiny-noisy", {3, 4, 5}),
-                         ("tiny-train", {1, 2, 3})):
+                         ("tiny-train-long", {3, 4, 5}), ("tiny-train", {1, 2, 3})):
         lines = {_crop(r).count("\n") + 1 for r in generate(name, 300) if r["task_type"] == "text"}
         assert lines == counts, name
 
@@ -122,7 +134,8 @@ def test_only_tiny_noisy_is_mislabeled_at_about_its_rate(monkeypatch):
 def test_held_out_splits_share_no_true_target_or_prompt_with_training():
     """On the full splits: no true target of the pool, the probe or mining's candidates, and no prompt of theirs,
     is in a training split (tiny-train keeps its old buckets, which hashed the blotted crop), nor in each other."""
-    train = {name: generate(name) for name in ("tiny-train", "tiny-noisy")}
+    train = {name: generate(name) for name, split in SPLITS.items() if split.training}
+    assert set(train) == {"tiny-train", "tiny-noisy", "tiny-train-long"}
     from grpo.synthetic.splits import _candidates, _training_keys
     truth = {(e.task_type, e.target) for name in train
              for e, _ in zip(_candidates(SPLITS[name]), range(SPLITS[name].rows))}
