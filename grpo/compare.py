@@ -189,7 +189,10 @@ def start_models(arms: list[Arm], common: dict, out: Path) -> dict:
     found = {}
     for arm in arms:
         spec = str(load_config(arm.config, {**common, **arm.overrides}).model)
-        source = locate(spec)
+        try:
+            source = locate(spec)
+        except UserError:
+            continue  # its run refuses it, naming the arm and the run's log
         found[spec] = {"folder": str(source.folder), "sha256": _digest([source.folder, *filter(None, [source.base])])}
         if spec in kept and kept[spec]["sha256"] != found[spec]["sha256"]:
             raise CompareError(f"model {spec!r} ({source.folder}) is not the one this comparison's runs in {out} "
