@@ -45,8 +45,8 @@ class Split:
 SPLITS = {
     "tiny-train": Split(60000, 1, range(20, 100), training=True, legacy_buckets=True),
     "tiny-noisy": Split(20000, 4, range(20, 100), LONG_TEXT, noise=0.6, training=True),
-    # The tiny GLM-OCR's last build stage (configs/joint_tiny_vlm.yaml): clean rows whose text crops have the pool's
-    # and the probe's 3-5 lines; `tiny-train`'s text crops have 1-3.
+    # The tiny GLM-OCR's candidate long-text stages (configs/joint_tiny_vlm_long*.yaml): clean rows whose text crops
+    # have the pool's and the probe's 3-5 lines; `tiny-train`'s text crops have 1-3.
     "tiny-train-long": Split(6000, 6, range(20, 100), LONG_TEXT, training=True),
     "tiny": Split(240, 2, range(10, 20), LONG_TEXT),
     "tiny-probe": Split(60, 3, range(0, 10), LONG_TEXT),
