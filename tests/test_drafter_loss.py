@@ -92,7 +92,7 @@ def test_greedy_relabel_reads_the_clean_streams_argmax():
         hidden[0, 1, 4] = 1.0  # the verifier's argmax at position 1 is token 4
     labels = torch.tensor([[streams.IGNORE, streams.IGNORE, streams.IGNORE, 3, 1]])
     src = torch.tensor([[-1, -1, -1, 1, -1]])  # position 3 predicts what position 1's logits predict
-    out = dl.greedy_relabel({"labels_diff": labels}, src)(hidden, head)
+    out = streams.greedy_relabel({"labels_diff": labels}, src)(hidden, head)
     assert out.tolist() == [[streams.IGNORE, streams.IGNORE, streams.IGNORE, 4, 1]]
     assert labels[0, 3] == 3  # the batch's own labels are not overwritten
 
@@ -226,7 +226,7 @@ def test_greedy_targets_of_a_greedy_completion_are_its_own_tokens():
                                        mask_id=ckpt.bd.mask_id, stop_ids=[tok.eos_token_id],
                                        gen=torch.Generator().manual_seed(0))
         batch = streams.collate(examples, tok.pad_token_id)
-        relabel = dl.greedy_relabel(batch, examples[0]["greedy_src"][None])
+        relabel = streams.greedy_relabel(batch, examples[0]["greedy_src"][None])
         with torch.no_grad():
             hidden = model.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                       position_ids=batch["position_ids"]).last_hidden_state

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo.joint.streams import (IGNORE, build_example, collate, combine, complementary_masks, joint_layout,
-                                joint_losses)
+from grpo.joint.streams import (IGNORE, build_example, collate, combine, complementary_masks, greedy_relabel,
+                                joint_layout, joint_losses)
 from grpo.joint.train import JointConfig, build_tiny_model, load_config
 
 MASK, EOS, PAD = 2, 0, 1
@@ -165,6 +165,38 @@ def test_training_logits_match_inference_streams(tokenizer):
         window = session.forward([clean[b * B - 1]] + [mask_id] * B, draft=True)   # (B+1, V)
     # mask j of the window (j = 1..B) <-> stream-1 position b*B + j - 1, which predicts response[b*B + j]
     torch.testing.assert_close(window[1:], logits[P + R + b * B: P + R + (b + 1) * B], atol=1e-5, rtol=1e-5)
+
+
+def test_greedy_drafter_targets_are_the_verifiers_argmax_and_the_ar_targets_stay(tokenizer):
+    """`drafter_targets: greedy`: each masked target k >= 1 of the target and its first EOS becomes the causal
+    argmax at P+k-1 of prompt + response; token 0, the EOS padding and the AR labels keep the row's tokens."""
+    from grpo.joint.train import _example
+
+    model = _tiny(tokenizer, seed=2).eval()
+    mask_id = tokenizer.convert_tokens_to_ids("<|mask|>")
+    prompt = tokenizer("Text Recognition:\nThe model shows").input_ids
+    target = tokenizer("The model shows", add_special_tokens=False).input_ids
+    B, eos = 4, tokenizer.eos_token_id
+    cfg = JointConfig(bd_size=B, drafter_targets="greedy")
+    ex = _example(prompt, target, None, cfg, mask_id, eos, _gen(), ar_only=False)
+    batch = collate([ex], tokenizer.pad_token_id)
+    with torch.no_grad():
+        hidden = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                             position_ids=batch["position_ids"]).last_hidden_state
+        labels = greedy_relabel(batch, batch["greedy_src"])(hidden, model.get_output_embeddings())[0]
+        plain = model(input_ids=torch.tensor([prompt + target + [eos] * B])).logits[0].argmax(-1)
+    P, R, N = len(prompt), len(target) + B, len(target)
+    response = target + [eos] * B
+    assert (labels != IGNORE).sum() == (batch["labels_diff"] != IGNORE).sum()
+    assert plain[P - 1: P + N].tolist() != response[: N + 1]   # an untrained verifier: relabelling changes targets
+    for offset in (P + R, P + 2 * R):
+        for k in range(1, R):
+            if labels[offset + k - 1] != IGNORE:
+                expected = plain[P + k - 1] if k <= N else eos
+                assert labels[offset + k - 1] == expected, (offset, k)
+    assert labels[P - 1] == batch["labels_diff"][0, P - 1]
+    assert torch.equal(batch["labels_ar"][0], ex["labels_ar"])
+    assert "greedy_src" not in _example(prompt, target, None, JointConfig(bd_size=B), mask_id, eos, _gen(), False)
 
 
 @pytest.mark.slow

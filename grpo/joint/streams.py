@@ -100,6 +100,30 @@ def build_example(prompt_ids: list[int], target_ids: list[int], *, bd_size: int,
             "allow": joint_layout(P, R, bd_size)}
 
 
+def verifier_sources(example: dict[str, torch.Tensor], prompt_len: int, target_len: int,
+                     bd_size: int) -> torch.Tensor:
+    """(T,) for each corrupted-stream position labelled with response token k in 1..N (the target and its first
+    EOS; N = `target_len`), the clean-stream position P+k-1 whose causal logits predict the same token; -1
+    elsewhere (token 0, read at the last prompt token, and the EOS padding after the first EOS keep their labels)."""
+    P, R, N = prompt_len, target_len + bd_size, target_len
+    src = torch.full_like(example["labels_diff"], -1)
+    for offset in (P + R, P + 2 * R):
+        src[offset: offset + N] = torch.arange(P, P + N)  # position offset+k-1 predicts token k (1..N)
+    return torch.where(example["labels_diff"] != IGNORE, src, -1)
+
+
+def greedy_relabel(batch: dict[str, torch.Tensor], src: torch.Tensor):
+    """`joint_losses`' relabel: the target of a masked token is the verifier's greedy token at its place (the
+    argmax of the clean stream's causal logits at `src` (b, T), detached), not the response's own token."""
+    def relabel(hidden: torch.Tensor, head) -> torch.Tensor:
+        labels = batch["labels_diff"].clone()
+        rows, cols = torch.nonzero(src >= 0, as_tuple=True)
+        with torch.no_grad():
+            labels[rows, cols] = head(hidden[rows, src[rows, cols]].detach()).argmax(-1)
+        return labels
+    return relabel
+
+
 def collate(examples: list[dict[str, torch.Tensor]], pad_id: int, dtype: torch.dtype = torch.float32) -> dict:
     """Right-pad to one length; the (b, 1, T, T) float additive mask (0 allowed, dtype-min blocked).
 
@@ -120,6 +144,10 @@ def collate(examples: list[dict[str, torch.Tensor]], pad_id: int, dtype: torch.d
     for key in IMAGE_INPUTS:
         if key in examples[0]:
             batch[key] = torch.cat([e[key] for e in examples])
+    if "greedy_src" in examples[0]:  # `verifier_sources`, right-padded with -1
+        batch["greedy_src"] = torch.full((b, T), -1)
+        for i, e in enumerate(examples):
+            batch["greedy_src"][i, :len(e["greedy_src"])] = e["greedy_src"]
     mask = torch.zeros(b, 1, T, T, dtype=dtype)
     mask.masked_fill_(~allow[:, None], torch.finfo(dtype).min)
     batch["attention_mask"] = mask

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from grpo.joint.streams import build_example, collate, combine, joint_losses
+from grpo.joint.streams import build_example, collate, combine, greedy_relabel, joint_losses, verifier_sources
 from grpo.synthetic.render import COLUMNS
 from grpo.synthetic.splits import is_builtin
 from grpo.yaml_config import ConfigError, Fields, build
@@ -45,6 +45,10 @@ class JointConfig:
     targets: str = field(default="pool", metadata={
         "help": "'pool': the rows' targets; 'greedy': the start model's own AR greedy outputs (self-distillation: "
                 "the drafter learns what the verifier writes; grpo/joint/distill.py)"})
+    drafter_targets: str = field(default="target", metadata={
+        "help": "what the drafter's masked tokens are trained to be: 'target' (the row's target, as the AR path) or "
+                "'greedy' (the verifier's argmax at each place, read off the clean stream of the same forward: "
+                "drafts are accepted when they equal it; docs/joint.md)"})
     bd_size: int = field(default=16, metadata={"help": "block size B (drafting window)"})
     ar_loss_weight: float = field(default=1.0, metadata={"help": "w in (L_diff + w L_AR) / (1 + w)"})
     ar_steps: int = field(default=0, metadata={"help": "AR-only warm-up steps before the joint stage"})
@@ -81,6 +85,9 @@ class JointConfig:
     def __post_init__(self) -> None:
         if self.targets not in ("pool", "greedy"):
             raise ConfigError(f"targets must be 'pool' or 'greedy', got {self.targets!r}")
+        if self.drafter_targets not in ("target", "greedy"):
+            raise ConfigError(f"drafter_targets must be 'target' or 'greedy', got {self.drafter_targets!r}",
+                              setting="drafter_targets")
         if self.pool_rows < 0:
             raise ConfigError(f"pool_rows must be >= 0, got {self.pool_rows}")
         if not 0 <= self.indent < COLUMNS:
@@ -226,6 +233,8 @@ def _example(prompt_ids, target_ids, image_row, cfg: JointConfig, mask_id: int, 
     positions = image_row.positions if image_row is not None else None
     example = build_example(prompt_ids, target_ids, bd_size=cfg.bd_size, mask_id=mask_id, eos_id=eos_id, gen=gen,
                             ar_only=ar_only, prompt_positions=positions)
+    if cfg.drafter_targets == "greedy" and not ar_only:
+        example["greedy_src"] = verifier_sources(example, len(prompt_ids), len(target_ids), cfg.bd_size)
     return example if image_row is None else {**example, **image_row.images}
 
 
@@ -305,7 +314,9 @@ def train_joint(cfg: JointConfig, progress: bool = True) -> Path:
                 group["lr"] = cfg.learning_rate * _lr_factor(step, steps, cfg.warmup_steps, cfg.min_lr_ratio)
             examples = [_example(*pair, cfg, mask_id, tokenizer.eos_token_id, gen, stage == "ar")
                         for pair in _batch(next(p for end, p in pools if done < end), cfg, rng)]
-            l_ar, l_diff = joint_losses(model, collate(examples, tokenizer.pad_token_id))
+            batch = collate(examples, tokenizer.pad_token_id)
+            relabel = greedy_relabel(batch, batch["greedy_src"]) if "greedy_src" in batch else None
+            l_ar, l_diff = joint_losses(model, batch, relabel)
             loss = combine(l_ar, l_diff, cfg.ar_loss_weight)
             opt.zero_grad(set_to_none=True)
             loss.backward()

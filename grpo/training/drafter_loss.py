@@ -108,9 +108,7 @@ def drafter_examples(inputs: dict[str, Any], keep: torch.Tensor, *, bd_size: int
     token, and the response is that target + `bd_size` copies of `stop_ids[0]` (the tokenizer's EOS).
     `rope` (`grpo.decoding.kv_session.rope_model` of a GLM-OCR policy): each example carries its row's image
     inputs (`row_images`) and its prompt's M-RoPE positions, as joint training's image rows do.
-    `greedy_src` (T,) names, for each corrupted-stream position that predicts response token k <= N (the
-    target and its first EOS), the clean-stream position P+k-1 whose AR logits predict the same token; -1
-    elsewhere (the EOS padding after the first EOS keeps its EOS target).
+    `greedy_src` (T,): `streams.verifier_sources`, where `drafter_targets: greedy` reads each target.
     """
     examples = []
     stops = torch.tensor(stop_ids)
@@ -130,13 +128,10 @@ def drafter_examples(inputs: dict[str, Any], keep: torch.Tensor, *, bd_size: int
         ex = streams.build_example(prompt, completion[:end].tolist(), bd_size=bd_size, mask_id=mask_id,
                                    eos_id=stop_ids[0], gen=gen, prompt_positions=positions)
         ex.update(images)
-        P, R, N = len(prompt), end + bd_size, end
+        P, R = len(prompt), end + bd_size
         ex["labels_diff"][:P + R] = streams.IGNORE  # a0 (read at the last prompt token) is the verifier's: GRPO's
         ex["labels_ar"][:] = streams.IGNORE         # the AR path is trained by GRPO alone
-        src = torch.full_like(ex["labels_diff"], -1)
-        for offset in (P + R, P + 2 * R):
-            src[offset: offset + N] = torch.arange(P, P + N)  # position offset+k-1 predicts token k (1..N)
-        ex["greedy_src"] = torch.where(ex["labels_diff"] != streams.IGNORE, src, -1)
+        ex["greedy_src"] = streams.verifier_sources(ex, P, end, bd_size)
         ex["clean_end"] = P + R
         examples.append(ex)
     return examples
@@ -147,18 +142,6 @@ def causal_lm(model: Any) -> Any:
     from peft import PeftModel
 
     return model.get_base_model() if isinstance(model, PeftModel) else model
-
-
-def greedy_relabel(batch: dict[str, torch.Tensor], src: torch.Tensor):
-    """`joint_losses`' relabel: the target of a masked token is the verifier's greedy token at its place
-    (argmax of the clean stream's causal logits, detached), not the token the policy happened to sample."""
-    def relabel(hidden: torch.Tensor, head: Any) -> torch.Tensor:
-        labels = batch["labels_diff"].clone()
-        rows, cols = torch.nonzero(src >= 0, as_tuple=True)
-        with torch.no_grad():
-            labels[rows, cols] = head(hidden[rows, src[rows, cols]].detach()).argmax(-1)
-        return labels
-    return relabel
 
 
 @contextmanager
@@ -204,12 +187,7 @@ def drafter_loss(model: Any, examples: list[dict[str, torch.Tensor]], pad_id: in
     emb = lm.get_input_embeddings().weight
     batch = streams.collate(examples, pad_id, dtype=emb.dtype)
     batch = {k: v.to(emb.device) for k, v in batch.items()}
-    relabel = None
-    if targets == "greedy":
-        src = torch.full(batch["labels_diff"].shape, -1, dtype=torch.long)  # (b, T), right-padded as collate
-        for i, e in enumerate(examples):
-            src[i, :len(e["greedy_src"])] = e["greedy_src"]
-        relabel = greedy_relabel(batch, src.to(emb.device))
+    relabel = streams.greedy_relabel(batch, batch["greedy_src"]) if targets == "greedy" else None
     if not detach_clean:
         return streams.joint_losses(lm, batch, relabel=relabel)[1]
     with detached_clean_kv(lm, clean_positions(examples, batch["input_ids"].size(1)).to(emb.device)):
