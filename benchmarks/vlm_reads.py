@@ -36,6 +36,11 @@ def main() -> None:
     for task, r in report.items():
         print(f"{task:16} {r['n']:4d} {r['after']:6.3f} {r['before']:6.3f} {r['diff']:+10.3f} "
               f"[{r['low']:+.3f}, {r['high']:+.3f}] {r['tpf']:5.2f} {r['ar_equal']:6.0%}")
+    print("drafts accepted a round, by the output line the round starts on (rounds in brackets)")
+    for task, r in report.items():
+        if "/" not in task:
+            print(f"{task:16} " + "  ".join(f"line {n + 1}: {mean:5.2f} ({count})"
+                                            for n, (count, mean) in r["drafts_by_line"].items()))
     if args.out:
         args.out.write_text(json.dumps({"model": args.model, "seeds": args.seeds, "rows": args.rows,
                                         "report": report}, indent=2) + "\n")

@@ -174,6 +174,17 @@ def test_partial_match_accepts_the_matching_prefix(text_arch):
     assert decoder.round_starts == [1, 6, 11, 16] and result.accepted == [3] * 4
 
 
+def test_drafts_by_line_walks_the_decoders_rounds(text_arch):
+    """`drafts_by_line` finds each verified round's a0 where the decoder put it: with every token a line break,
+    a round's line is the number of tokens up to its a0."""
+    from grpo.synthetic.reading import drafts_by_line
+
+    decoder, result, _ = _scripted(text_arch, 8, good=3, max_new=1 + 4 * 5)
+    walked = drafts_by_line(result.tokens, result.accepted, lambda ids: "\n" * len(ids))
+    assert [line - 1 for line, _ in walked] == decoder.round_starts
+    assert [a for _, a in walked] == result.accepted
+
+
 def _first_occurrence(reference: list[int], candidates) -> int:
     for t in candidates:
         if reference[t] not in reference[:t]:

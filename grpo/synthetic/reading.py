@@ -28,12 +28,24 @@ def blanked(ds):
     return ds.map(lambda row: {"image": Image.new("RGB", row["image"].size, "white")})
 
 
+def drafts_by_line(output_ids: list[int], accepted: list[int], decode) -> list[tuple[int, int]]:
+    """(output line, drafts accepted) of each verified round of a self-speculative decode (docs/spec.md §5: the
+    prefill gives x0, a round commits a0, its accepted drafts and the verifier's next token). A round's line counts
+    the line breaks written up to its a0, the line its drafts start on (0: the first). `decode`: ids -> text."""
+    out, end = [], 1                       # tokens[:end] are committed before the round's a0
+    for a in accepted:
+        out.append((decode(output_ids[: end + 1]).count("\n"), a))
+        end += a + 2
+    return out
+
+
 def read_check(model: Any, processor: Any, bd: Any, seeds: list[int], rows: int | None = None,
                max_new_tokens: int = 512, compare_ar: bool = True) -> dict:
     """Per group (`all`, each task, each task by its crop's lines, e.g. `text/4 lines`): the paired greedy reward
     on real vs blank crops of the fresh probes of `seeds` (`grpo.evaluation.stats.paired_interval`: `after` real,
-    `before` blank, `diff`, its 95% `low`/`high`), and for the real crops TPF and the AR-equal share (`tpf`,
-    `ar_equal`)."""
+    `before` blank, `diff`, its 95% `low`/`high`), and for the real crops TPF, the AR-equal share (`tpf`,
+    `ar_equal`) and `drafts_by_line`: per output line (0: the first), [verified rounds, mean drafts accepted]."""
+    from grpo.checkpoint import tokenizer_of
     from grpo.decoding.tpf import measure_tpf, tpf_of
     from grpo.evaluation.stats import paired_interval
     from grpo.synthetic.render import CELL
@@ -55,4 +67,9 @@ def read_check(model: Any, processor: Any, bd: Any, seeds: list[int], rows: int 
         report[task]["tpf"] = tpf_of([real[i] for i in pick])
         if compare_ar:
             report[task]["ar_equal"] = sum(bool(real[i]["ar_equal"]) for i in pick) / len(pick)
+        by_line: dict[int, list[int]] = {}
+        for i in pick:
+            for line, a in drafts_by_line(real[i]["output_ids"], real[i]["accepted"], tokenizer_of(processor).decode):
+                by_line.setdefault(line, []).append(a)
+        report[task]["drafts_by_line"] = {n: [len(v), sum(v) / len(v)] for n, v in sorted(by_line.items())}
     return report
