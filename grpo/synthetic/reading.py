@@ -60,6 +60,8 @@ def read_check(model: Any, processor: Any, bd: Any, seeds: list[int], rows: int 
         for row in probe:
             lines = row["image"].height // CELL
             groups.append({"all", row["task_type"], f"{row['task_type']}/{lines} line{'s' * (lines > 1)}"})
+    decode = tokenizer_of(processor).decode
+    rounds = [drafts_by_line(r["output_ids"], r["accepted"], decode) for r in real]   # once per crop, not per group
     report = {}
     for task in sorted(set().union(*groups), key=lambda g: (g != "all", g)):
         pick = [i for i, g in enumerate(groups) if task in g]
@@ -69,7 +71,7 @@ def read_check(model: Any, processor: Any, bd: Any, seeds: list[int], rows: int 
             report[task]["ar_equal"] = sum(bool(real[i]["ar_equal"]) for i in pick) / len(pick)
         by_line: dict[int, list[int]] = {}
         for i in pick:
-            for line, a in drafts_by_line(real[i]["output_ids"], real[i]["accepted"], tokenizer_of(processor).decode):
+            for line, a in rounds[i]:
                 by_line.setdefault(line, []).append(a)
         report[task]["drafts_by_line"] = {n: [len(v), sum(v) / len(v)] for n, v in sorted(by_line.items())}
     return report
