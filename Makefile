@@ -92,7 +92,11 @@ tiny-vlm: setup
 	$(call vlm_stage,joint_tiny_vlm_drafter,model-lines,model-drafter)
 	$(call vlm_stage,joint_tiny_vlm_joint,model-drafter,model-joint)
 	$(call vlm_stage,joint_tiny_vlm_joint2,model-joint,model-joint2)
-	$(call vlm_stage,joint_tiny_vlm,model-joint2,model)
+	$(call vlm_stage,joint_tiny_vlm_joint3,model-joint2,model-joint3)
+	$(call vlm_stage,joint_tiny_vlm_long,model-joint3,model-long)
+	$(call vlm_stage,joint_tiny_vlm_long2,model-long,model-long2)
+	$(call vlm_stage,joint_tiny_vlm_long3,model-long2,model-long3)
+	$(call vlm_stage,joint_tiny_vlm,model-long3,model)
 
 clean:
 	rm -rf .venv build *.egg-info

@@ -12,8 +12,10 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_NEW = 40
-# The engine runs fp32; the reference is the decoder's forward in fp64 (its own fp32 run is up to 8e-5 off it).
-TOLERANCE = 1e-4
+# The engine runs fp32; the reference is the decoder's forward in fp64. Fp32 forwards of the tiny GLM-OCR (logits up
+# to 32) sit up to 1.8e-4 off it (the decoder's own, on the shipped reader; the engine's 1.1e-4): a wrong mask or
+# position is off by more than 0.01.
+TOLERANCE = 2.5e-4
 
 
 def _record(worker):
