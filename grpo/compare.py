@@ -15,9 +15,10 @@ in its name (`eval.tiny-probe@7-60-192.json`, `compare.tiny-probe@7-60-192.json`
 another `--probe-set` re-evaluates a finished comparison on it without training anything.
 
 The first arm is the reference: every other arm is paired with it (`grpo.evaluation.stats`), and every
-arm with the starting model (held-out change). On a built-in synthetic probe set the report also counts, per
-error kind of `grpo.synthetic.mislabels.MISLABELS`, the probe decision points where greedy output errs that way, before
-and after (McNemar), and the outputs with more lines / rows / closing braces than their target.
+arm with the starting model (held-out change). On a built-in synthetic probe set the report also gives that
+change by task and by the crop's lines (`by_group`), and counts, per error kind of
+`grpo.synthetic.mislabels.MISLABELS`, the probe decision points where greedy output errs that way, before and
+after (McNemar), and the outputs with more lines / rows / closing braces than their target.
 
 Example:
     >>> arms = [Arm("plain", "configs/tiny_cpu.yaml", {"drafter_loss_weight": 0}),
@@ -240,6 +241,23 @@ def error_kinds(probe_set: str, probe_size: int, start: list[dict], runs: dict[i
             "prompts": len(rows), "seeds": len(runs)}
 
 
+def by_group(probe_set: str, probe_size: int, start: list[dict], runs: dict[int, list[dict]]) -> dict | None:
+    """Per group of `grpo.synthetic.reading.grouped` (all, each task, each task by its crop's lines): the prompts,
+    the start's mean reward and the change from it (`change_from_start` on those prompts); None for a
+    non-synthetic probe."""
+    from grpo.synthetic.reading import grouped
+    from grpo.synthetic.splits import generate, is_builtin
+    if not is_builtin(probe_set):
+        return None
+    report = {}
+    for name, pick in grouped(generate(probe_set, probe_size)).items():
+        change = compare_stats.change_from_start([start[i] for i in pick],
+                                                 {s: [rows[i] for i in pick] for s, rows in runs.items()})
+        report[name] = {"prompts": len(pick), "start": sum(start[i]["reward"] for i in pick) / len(pick),
+                        "change": change["reward_diff"], "interval": change["reward_diff_interval"]}
+    return report
+
+
 def summarize(arms: list[Arm], results: dict[str, dict[int, list[dict]]], start: list[dict],
               probe: dict) -> dict[str, Any]:
     """The report: each arm against the start, each later arm against the first, AR-equality, error kinds."""
@@ -251,7 +269,8 @@ def summarize(arms: list[Arm], results: dict[str, dict[int, list[dict]]], start:
         entry = {"config": arm.config, "overrides": arm.overrides, "seeds": sorted(runs),
                  "ar_equal_rate": sum(bool(r["ar_equal"]) for r in rows) / len(rows),
                  "vs_start": compare_stats.change_from_start(start, runs),
-                 "errors": error_kinds(probe["probe_set"], probe["probe_size"], start, runs)}
+                 "errors": error_kinds(probe["probe_set"], probe["probe_size"], start, runs),
+                 "by_group": by_group(probe["probe_set"], probe["probe_size"], start, runs)}
         if arm.name != reference:
             entry["vs_reference"] = compare_stats.paired_summary(results[reference], runs)
         report["arms"][arm.name] = entry

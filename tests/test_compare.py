@@ -14,6 +14,22 @@ from grpo.evaluation import stats as compare_stats
 from grpo.training.trainer import shuffle_within_groups
 
 
+def _on_training(monkeypatch, handler):
+    """`handler(command, **kwargs)` in place of the training subprocesses `compare` starts; any other
+    `subprocess.run` (a library's probe of its tools on first use) runs as it is."""
+    import subprocess
+    import sys
+
+    real = subprocess.run
+
+    def run(command, *args, **kwargs):
+        if list(command[:4]) == [sys.executable, "-m", "grpo.cli", "train"]:
+            return handler(command, *args, **kwargs)
+        return real(command, *args, **kwargs)
+
+    monkeypatch.setattr(compare.subprocess, "run", run)
+
+
 def _rows(tpf_pairs, rewards):
     return [{"tokens": t, "forwards": f, "reward": r} for (t, f), r in zip(tpf_pairs, rewards)]
 
@@ -88,7 +104,7 @@ def test_finished_runs_are_skipped_and_interrupted_ones_restart(tmp_path, monkey
     done.mkdir(parents=True)
     (done / compare.EVAL_FILE).write_text(json.dumps([{"tokens": 1}]))
     calls = []
-    monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: calls.append(a) or type("R", (), {"returncode": 3}))
+    _on_training(monkeypatch, lambda *a, **k: calls.append(a) or type("R", (), {"returncode": 3}))
     assert compare.run_one(arm, 1, tmp_path, {}, compare.DEFAULT_PROBE, log=lambda _: None) == [{"tokens": 1}]
     assert not calls
     partial = tmp_path / "a" / "seed-2"
@@ -126,7 +142,7 @@ def test_a_start_model_rebuilt_between_runs_is_refused_not_mixed(tmp_path, monke
         trained.append(folder.name)
         return type("R", (), {"returncode": 0})
 
-    monkeypatch.setattr(compare.subprocess, "run", train)
+    _on_training(monkeypatch, train)
     monkeypatch.setattr(compare, "evaluate", lambda model, **probe: [
         {"index": 0, "task": "text", "tokens": 4, "forwards": 2, "reward": 0.5, "ar_equal": True, "text": ""}])
     out, probe = tmp_path / "cmp", tmp_path / "probe.jsonl"
@@ -177,7 +193,7 @@ def test_a_finished_training_without_eval_is_only_evaluated(tmp_path, monkeypatc
     (folder / "checkpoint-40").mkdir(parents=True)
     (folder / "checkpoint-80").mkdir()
     (folder / compare.TRAINED_FILE).write_text("{}")
-    monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: pytest.fail("retrained a finished run"))
+    _on_training(monkeypatch, lambda *a, **k: pytest.fail("retrained a finished run"))
     seen = []
     monkeypatch.setattr(compare, "evaluate", lambda model, **probe: seen.append(model) or [{"tokens": 2}])
     assert compare.run_one(arm, 4, tmp_path, {}, compare.DEFAULT_PROBE, log=lambda _: None) == [{"tokens": 2}]
@@ -206,7 +222,7 @@ def test_report_only_pairs_the_finished_seeds_and_writes_the_report(tmp_path, mo
             folder.mkdir(parents=True)
             (folder / compare.probe_named(compare.EVAL_FILE, probe)).write_text(json.dumps(evals(forwards, True)))
     (tmp_path / "b" / "seed-3").mkdir()            # unfinished in b: left out of the report
-    monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: pytest.fail("report-only trained"))
+    _on_training(monkeypatch, lambda *a, **k: pytest.fail("report-only trained"))
     assert main(["compare", "--arm", "a", "configs/tiny_cpu.yaml", "--arm", "b", "configs/tiny_drafter.yaml",
                  "--seeds", "1", "2", "3", "--out", str(tmp_path), "--probe-size", "6", "--report-only"]) == 0
     report = json.loads((tmp_path / compare.probe_named(compare.REPORT_FILE, probe)).read_text())
@@ -214,7 +230,14 @@ def test_report_only_pairs_the_finished_seeds_and_writes_the_report(tmp_path, mo
     assert pair["seeds"] == [1, 2] and pair["tpf_ratio"] == pytest.approx(4 / 3) and pair["tpf_wins"] == 2
     assert report["arms"]["a"]["vs_start"]["reward_diff"] == pytest.approx(0.5)
     assert (tmp_path / compare.probe_named(compare.PLOT_FILE, probe)).stat().st_size > 0
-    assert "decision points wrong" in capsys.readouterr().out   # a built-in synthetic probe: the error kinds
+    groups = report["arms"]["a"]["by_group"]           # by task and lines: every prompt moved 0.5 -> 1.0
+    tasks = {r["task_type"] for r in rows}
+    assert groups["all"]["prompts"] == 6 and set(groups) >= tasks | {"all"}
+    assert sum(groups[t]["prompts"] for t in tasks) == 6
+    assert sum(g["prompts"] for name, g in groups.items() if "/" in name) == 6
+    assert all(g["start"] == pytest.approx(0.5) and g["change"] == pytest.approx(0.5) for g in groups.values())
+    printed = capsys.readouterr().out
+    assert "decision points wrong" in printed and "by task and lines" in printed   # a built-in synthetic probe
     assert main(["compare", "--arm", "a", "configs/tiny_cpu.yaml", "--arm", "b", "configs/tiny_drafter.yaml",
                  "--seeds", "3", "--out", str(tmp_path), "--report-only"]) == 2
 
@@ -239,7 +262,7 @@ def test_the_default_probe_is_the_reference_recipes_own(tmp_path, monkeypatch):
     for arm in ("a", "b"):
         (out / arm / "seed-1").mkdir(parents=True)
         (out / arm / "seed-1" / compare.probe_named(compare.EVAL_FILE, probe)).write_text(json.dumps(evals))
-    monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: pytest.fail("report-only trained"))
+    _on_training(monkeypatch, lambda *a, **k: pytest.fail("report-only trained"))
     assert main(["compare", "--arm", "a", str(reference), "--arm", "b", "configs/tiny_drafter.yaml",
                  "--seeds", "1", "--out", str(out), "--report-only"]) == 0
     report = json.loads((out / "compare.tiny-probe-6-99.json").read_text())
@@ -260,7 +283,7 @@ def test_another_probe_reevaluates_finished_runs_into_files_named_after_it(tmp_p
         (folder / "checkpoint-80").mkdir(parents=True)
         (folder / compare.TRAINED_FILE).write_text("{}")
         (folder / compare.EVAL_FILE).write_text("[]")          # the default probe's evaluation: kept as it is
-    monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: pytest.fail("retrained a finished run"))
+    _on_training(monkeypatch, lambda *a, **k: pytest.fail("retrained a finished run"))
     monkeypatch.setattr(compare.RunDir, "read_config", lambda self: {"model": "tiny"})
     seen = []
 

@@ -68,6 +68,25 @@ def _table(report: dict):
     return table
 
 
+def _groups_table(report: dict):
+    """Per group of probe prompts (all, each task, each task by its crop's lines): the start's mean reward and
+    each arm's change from it."""
+    from rich.table import Table
+
+    table = Table(title="held-out reward by task and lines: start, and each arm's change (95%)")
+    for column in ("group", "prompts", "start", *report["arms"]):
+        table.add_column(column, justify="left" if column == "group" else "right")
+    arms = list(report["arms"].values())
+    for name, first in arms[0]["by_group"].items():
+        cells = [name, str(first["prompts"]), f"{first['start']:.3f}"]
+        for entry in arms:
+            group = entry["by_group"][name]
+            lo, hi = group["interval"]
+            cells.append(f"{group['change']:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+        table.add_row(*cells)
+    return table
+
+
 def _errors_table(report: dict):
     """Per arm and error kind: probe decision points greedy gets wrong at the start and after (pooled over
     seeds), McNemar's p, and the outputs with more units than their target."""
@@ -145,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{args.out}: {err}") from err
     console.print(_table(report))
     if any(entry["errors"] for entry in report["arms"].values()):  # only on a built-in synthetic probe set
+        console.print(_groups_table(report))
         console.print(_errors_table(report))
     console.print(f"wrote {Path(args.out) / probe_named(REPORT_FILE, report['probe'])}", markup=False)
     return 0

@@ -39,6 +39,20 @@ def drafts_by_line(output_ids: list[int], accepted: list[int], decode) -> list[t
     return out
 
 
+def grouped(rows: list[dict]) -> dict[str, list[int]]:
+    """The report groups of probe rows, `all` first, then each task, then each task by its crop's lines (`text/4
+    lines`), each with the indices of its rows. A row's lines are its crop's cell rows (`image`, or the crop
+    `render_row` draws for a text-only row): one per text line or table row; a formula longer than a row wraps."""
+    from grpo.synthetic.render import CELL, render_row
+
+    names = []
+    for row in rows:
+        lines = (row["image"] if "image" in row else render_row(row)).height // CELL
+        names.append({"all", row["task_type"], f"{row['task_type']}/{lines} line{'s' * (lines > 1)}"})
+    return {name: [i for i, n in enumerate(names) if name in n]
+            for name in sorted(set().union(*names), key=lambda g: (g != "all", g))}
+
+
 def read_check(model: Any, processor: Any, bd: Any, seeds: list[int], rows: int | None = None,
                max_new_tokens: int = 512, compare_ar: bool = True) -> dict:
     """Per group (`all`, each task, each task by its crop's lines, e.g. `text/4 lines`): the paired greedy reward
@@ -48,30 +62,26 @@ def read_check(model: Any, processor: Any, bd: Any, seeds: list[int], rows: int 
     from grpo.checkpoint import tokenizer_of
     from grpo.decoding.tpf import measure_tpf, tpf_of
     from grpo.evaluation.stats import paired_interval
-    from grpo.synthetic.render import CELL
 
-    real, blank, groups = [], [], []
+    real, blank, probes = [], [], []
     for seed in seeds:
         probe = fresh_image_probe(seed, rows)
         for ds, out, compare in ((probe, real, compare_ar), (blanked(probe), blank, False)):
             stats = measure_tpf(model, processor, ds, bd, is_vlm=True, max_new_tokens=max_new_tokens,
                                 compare_ar=compare, score=True, batch_size=8)
             out.extend(stats["rows"])
-        for row in probe:
-            lines = row["image"].height // CELL
-            groups.append({"all", row["task_type"], f"{row['task_type']}/{lines} line{'s' * (lines > 1)}"})
+        probes.extend(probe)
     decode = tokenizer_of(processor).decode
     rounds = [drafts_by_line(r["output_ids"], r["accepted"], decode) for r in real]   # once per crop, not per group
     report = {}
-    for task in sorted(set().union(*groups), key=lambda g: (g != "all", g)):
-        pick = [i for i, g in enumerate(groups) if task in g]
-        report[task] = paired_interval([blank[i]["reward"] for i in pick], [real[i]["reward"] for i in pick])
-        report[task]["tpf"] = tpf_of([real[i] for i in pick])
+    for group, pick in grouped(probes).items():
+        report[group] = paired_interval([blank[i]["reward"] for i in pick], [real[i]["reward"] for i in pick])
+        report[group]["tpf"] = tpf_of([real[i] for i in pick])
         if compare_ar:
-            report[task]["ar_equal"] = sum(bool(real[i]["ar_equal"]) for i in pick) / len(pick)
+            report[group]["ar_equal"] = sum(bool(real[i]["ar_equal"]) for i in pick) / len(pick)
         by_line: dict[int, list[int]] = {}
         for i in pick:
             for line, a in rounds[i]:
                 by_line.setdefault(line, []).append(a)
-        report[task]["drafts_by_line"] = {n: [len(v), sum(v) / len(v)] for n, v in sorted(by_line.items())}
+        report[group]["drafts_by_line"] = {n: [len(v), sum(v) / len(v)] for n, v in sorted(by_line.items())}
     return report
