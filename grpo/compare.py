@@ -241,16 +241,11 @@ def error_kinds(probe_set: str, probe_size: int, start: list[dict], runs: dict[i
             "prompts": len(rows), "seeds": len(runs)}
 
 
-def by_group(probe_set: str, probe_size: int, start: list[dict], runs: dict[int, list[dict]]) -> dict | None:
-    """Per group of `grpo.synthetic.reading.grouped` (all, each task, each task by its crop's lines): the prompts,
-    the start's mean reward and the change from it (`change_from_start` on those prompts); None for a
-    non-synthetic probe."""
-    from grpo.synthetic.reading import grouped
-    from grpo.synthetic.splits import generate, is_builtin
-    if not is_builtin(probe_set):
-        return None
+def by_group(groups: dict[str, list[int]], start: list[dict], runs: dict[int, list[dict]]) -> dict:
+    """Per group of probe prompts (`grpo.synthetic.reading.grouped`: all, each task, each task by its crop's
+    lines): the prompts, the start's mean reward and the change from it (`change_from_start` on those prompts)."""
     report = {}
-    for name, pick in grouped(generate(probe_set, probe_size)).items():
+    for name, pick in groups.items():
         change = compare_stats.change_from_start([start[i] for i in pick],
                                                  {s: [rows[i] for i in pick] for s, rows in runs.items()})
         report[name] = {"prompts": len(pick), "start": sum(start[i]["reward"] for i in pick) / len(pick),
@@ -260,9 +255,14 @@ def by_group(probe_set: str, probe_size: int, start: list[dict], runs: dict[int,
 
 def summarize(arms: list[Arm], results: dict[str, dict[int, list[dict]]], start: list[dict],
               probe: dict) -> dict[str, Any]:
-    """The report: each arm against the start, each later arm against the first, AR-equality, error kinds."""
+    """The report: each arm against the start (all prompts, and by task and lines on a built-in probe), each later
+    arm against the first, AR-equality, error kinds."""
+    from grpo.synthetic.reading import grouped
+    from grpo.synthetic.splits import generate, is_builtin
+
     reference = arms[0].name
     report: dict[str, Any] = {"reference": reference, "probe": probe, "arms": {}}
+    groups = grouped(generate(probe["probe_set"], probe["probe_size"])) if is_builtin(probe["probe_set"]) else None
     for arm in arms:
         runs = results[arm.name]
         rows = [r for seed_rows in runs.values() for r in seed_rows]
@@ -270,7 +270,7 @@ def summarize(arms: list[Arm], results: dict[str, dict[int, list[dict]]], start:
                  "ar_equal_rate": sum(bool(r["ar_equal"]) for r in rows) / len(rows),
                  "vs_start": compare_stats.change_from_start(start, runs),
                  "errors": error_kinds(probe["probe_set"], probe["probe_size"], start, runs),
-                 "by_group": by_group(probe["probe_set"], probe["probe_size"], start, runs)}
+                 "by_group": by_group(groups, start, runs) if groups else None}
         if arm.name != reference:
             entry["vs_reference"] = compare_stats.paired_summary(results[reference], runs)
         report["arms"][arm.name] = entry
