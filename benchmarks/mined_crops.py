@@ -3,7 +3,8 @@
 Reads the per-prompt rollout statistics a `gravity-grpo mine` run wrote (`OUT/mining/parts`) and the pool's crops,
 groups the crops as `compare` and `vlm_reads.py` do (`grpo.synthetic.reading.grouped`: a crop's lines are its cell
 rows, so this is for the tiny world's rendered pools), and prints for the crops kept and dropped at `--min-std` the
-mean over crops of their rollouts' reward mean, standard deviation and range (max - min).
+mean over crops of their rollouts' reward mean, standard deviation and range (max - min); with `--keep`, "kept"
+also counts the crops ranked out.
 
     python benchmarks/mined_crops.py runs/mine-vlm10 --pool tiny --min-std 0.05
 """
@@ -27,12 +28,11 @@ def main() -> None:
 
     records = MiningStore(args.out).read_parts()   # by the row's index in the pool as read (no --skip-bad)
     rows = list(load_pool(args.pool, images=True))
+    groups = {name: pick for name, pick in grouped(rows).items() if "/" in name}   # task by lines
     print(f"{args.out}: {len(records)} of {len(rows)} crops mined, --min-std {args.min_std}")
     print(f"{'':8} {'group':18} {'crops':>5} {'reward':>7} {'std':>6} {'max-min':>7}")
     for fate in ("kept", "dropped"):
-        for group, pick in grouped(rows).items():
-            if "/" not in group:
-                continue
+        for group, pick in groups.items():
             recs = [records[i] for i in pick
                     if i in records and (fate == "dropped") == is_dropped(records[i], args.min_std)]
             if recs:
