@@ -210,15 +210,12 @@ def start_rows(model: str, out: Path, probe: dict) -> list[dict]:
     return json.loads(path.read_text())
 
 
-def error_kinds(probe_set: str, probe_size: int, start: list[dict], runs: dict[int, list[dict]]) -> dict | None:
-    """Per error kind of `grpo.synthetic.mislabels.MISLABELS`: probe decision points greedy gets wrong at the start and
-    after training (pooled over seeds, McNemar), and over-generation counts; None for a non-synthetic probe."""
+def error_kinds(rows: list[dict], start: list[dict], runs: dict[int, list[dict]]) -> dict:
+    """Per error kind of `grpo.synthetic.mislabels.MISLABELS`: decision points of the synthetic probe `rows` that
+    greedy gets wrong at the start and after training (pooled over seeds, McNemar), and over-generation counts."""
     from grpo.synthetic.crops import Example
     from grpo.synthetic.mislabels import MISLABELS, UNITS, wrong_at
-    from grpo.synthetic.splits import generate, is_builtin
-    if not is_builtin(probe_set):
-        return None
-    rows = generate(probe_set, probe_size)
+
     kinds: dict[str, dict] = {}
     for task, table in MISLABELS.items():
         for kind, applies in table.items():
@@ -256,20 +253,21 @@ def by_group(groups: dict[str, list[int]], start: list[dict], runs: dict[int, li
 def summarize(arms: list[Arm], results: dict[str, dict[int, list[dict]]], start: list[dict],
               probe: dict) -> dict[str, Any]:
     """The report: each arm against the start (all prompts, and by task and lines on a built-in probe), each later
-    arm against the first, AR-equality, error kinds."""
+    arm against the first, AR-equality, error kinds (on a built-in probe; None on another)."""
     from grpo.synthetic.reading import grouped
     from grpo.synthetic.splits import generate, is_builtin
 
     reference = arms[0].name
     report: dict[str, Any] = {"reference": reference, "probe": probe, "arms": {}}
-    groups = grouped(generate(probe["probe_set"], probe["probe_size"])) if is_builtin(probe["probe_set"]) else None
+    rows = generate(probe["probe_set"], probe["probe_size"]) if is_builtin(probe["probe_set"]) else None
+    groups = grouped(rows) if rows else None
     for arm in arms:
         runs = results[arm.name]
-        rows = [r for seed_rows in runs.values() for r in seed_rows]
+        outputs = [r for seed_rows in runs.values() for r in seed_rows]
         entry = {"config": arm.config, "overrides": arm.overrides, "seeds": sorted(runs),
-                 "ar_equal_rate": sum(bool(r["ar_equal"]) for r in rows) / len(rows),
+                 "ar_equal_rate": sum(bool(r["ar_equal"]) for r in outputs) / len(outputs),
                  "vs_start": compare_stats.change_from_start(start, runs),
-                 "errors": error_kinds(probe["probe_set"], probe["probe_size"], start, runs),
+                 "errors": error_kinds(rows, start, runs) if rows else None,
                  "by_group": by_group(groups, start, runs) if groups else None}
         if arm.name != reference:
             entry["vs_reference"] = compare_stats.paired_summary(results[reference], runs)

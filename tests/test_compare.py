@@ -178,13 +178,17 @@ def test_error_kinds_count_the_noisy_labels_greedy_writes():
              for i, r in enumerate(rows)]
     start = [{"text": e.target} for e in noisy]
     after = {0: [{"text": r["target"]} for r in rows]}
-    report = compare.error_kinds("tiny-probe", 30, start, after)
+    report = compare.error_kinds(rows, start, after)
     assert set(report["kinds"]) == {f"{t}/{k}" for t in MISLABELS for k in MISLABELS[t]}
     for name, result in report["kinds"].items():
         assert result["wrong_after"] == 0 and result["broken"] == 0, name
         assert result["wrong_before"] >= result["n"] - 2, name   # a dropped last line can take a content point
     assert report["over_generated_after"] == {0: 0} and report["over_generated_start"] > 0
-    assert compare.error_kinds("some/folder", 30, start, after) is None
+    scored = {"reward": 1.0, "tokens": 4, "forwards": 2, "ar_equal": True}   # a probe that is not built in: no kinds
+    summary = compare.summarize([compare.Arm("a", "configs/tiny_cpu.yaml")],
+                                {"a": {0: [{**o, **scored} for o in after[0]]}}, [{**o, **scored} for o in start],
+                                {"probe_set": "some/folder", "probe_size": 30})
+    assert summary["arms"]["a"]["errors"] is None and summary["arms"]["a"]["by_group"] is None
 
 
 def test_a_finished_training_without_eval_is_only_evaluated(tmp_path, monkeypatch):
