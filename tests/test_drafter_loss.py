@@ -158,6 +158,22 @@ def test_step_gradient_is_grpo_plus_lambda_times_drafter(steps):
 
 
 @pytest.mark.slow
+def test_without_grad_norms_the_step_is_the_same(steps, tmp_path):
+    """`drafter_grad_norms: false` skips the two norm passes only: the same weight change, no norms logged."""
+    from grpo.checkpoint import load_checkpoint
+
+    _, (on, on_log, _), _ = steps
+    quiet, quiet_log, _ = _step(tmp_path, "quiet", drafter_loss_weight=1.0, drafter_targets="greedy",
+                                drafter_grad_norms=False)
+    start = {k: p.detach().clone() for k, p in load_checkpoint("tiny").model.named_parameters()}
+    change = _delta(on, start)
+    assert (_delta(quiet, start) - change).norm() < 1e-5 * change.norm()
+    assert quiet_log["drafter/completions"] == on_log["drafter/completions"] > 0
+    assert "drafter/grad_norm" not in quiet_log and "grpo/grad_norm" not in quiet_log
+    assert on_log["drafter/grad_norm"] > 0
+
+
+@pytest.mark.slow
 def test_weight_on_logs_and_times_the_drafter(steps):
     (_, plain_log, plain_summary), (on, on_log, summary), _ = steps
     assert on_log["drafter/completions"] > 0

@@ -212,6 +212,9 @@ class GravityGRPOConfig(GRPOConfig, RewardFields):
     drafter_detach_clean: bool = field(default=False, metadata={
         "help": "Detach the clean stream's keys and values in the drafter loss, so its gradient reaches the "
                 "shared weights only through the corrupted streams (the AR path's own activations get none)."})
+    drafter_grad_norms: bool = field(default=True, metadata={
+        "help": "Log `grpo/grad_norm` and `drafter/grad_norm` each step, each from its own autograd pass over its "
+                "term (two more backward passes a step; false skips them and trains the same)."})
     model_args: GravityModelConfig = field(default_factory=GravityModelConfig, init=False, repr=False)
 
     def __post_init__(self):

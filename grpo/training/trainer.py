@@ -147,7 +147,8 @@ class GravityGRPOTrainer(GRPOTrainer):
         if self.args.drafter_loss_weight > 0 and model.training:  # one loss, one backward (ZeRO-3 steps per call)
             with self.timed("drafter"):
                 term = self.args.drafter_loss_weight * dl.trainer_loss(self, model, inputs)
-                dl.log_grad_norms(self, model, loss, term)
+                if self.args.drafter_grad_norms:
+                    dl.log_grad_norms(self, model, loss, term)
                 loss = loss + term
         return loss
 
