@@ -14,6 +14,12 @@ import json
 from pathlib import Path
 from statistics import covariance, fmean, pstdev, variance
 
+NAN = float("nan")
+
+
+def mean_or_nan(values: list[float]) -> float:
+    return fmean(values) if values else NAN
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -39,11 +45,11 @@ def main() -> None:
             change = [fmean(run[i]["reward"] for run in runs) - start[i]["reward"] for i in crops]
             low = [c for b, c in zip(before, change) if b < 0.6]
             high = [c for b, c in zip(before, change) if b >= 0.8]
-            slope = covariance(before, change) / variance(before) if variance(before) else float("nan")
+            var = variance(before)
+            slope = covariance(before, change) / var if var else NAN
             spread = fmean(pstdev(run[i]["reward"] for run in runs) for i in crops)
-            print(f"{arm.name:6} {task:8} {len(runs):5d} {slope:+6.2f} {len(low):7d} "
-                  f"{fmean(low) if low else float('nan'):+7.3f} {len(high):8d} "
-                  f"{fmean(high) if high else float('nan'):+7.3f} {spread:6.3f}")
+            print(f"{arm.name:6} {task:8} {len(runs):5d} {slope:+6.2f} {len(low):7d} {mean_or_nan(low):+7.3f} "
+                  f"{len(high):8d} {mean_or_nan(high):+7.3f} {spread:6.3f}")
 
 
 if __name__ == "__main__":

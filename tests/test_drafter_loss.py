@@ -133,20 +133,25 @@ def steps(tmp_path_factory):
     return plain, on, double
 
 
+@pytest.fixture(scope="module")
+def start():
+    """The committed tiny default's parameters, before any step."""
+    from grpo.checkpoint import load_checkpoint
+
+    return {k: p.detach().clone() for k, p in load_checkpoint("tiny").model.named_parameters()}
+
+
 def _delta(trainer, start):
     """The step's change of every parameter (named_parameters: a tied embedding counts once)."""
     return torch.cat([(p.detach().float() - start[k].float()).flatten() for k, p in trainer.model.named_parameters()])
 
 
 @pytest.mark.slow
-def test_step_gradient_is_grpo_plus_lambda_times_drafter(steps):
+def test_step_gradient_is_grpo_plus_lambda_times_drafter(steps, start):
     """One step on the same batch (same seed, same completions): the weight change at λ is the GRPO change
     plus λ times the drafter's, the drafter part is not zero, and the logged norms are those gradients'."""
-    from grpo.checkpoint import load_checkpoint
-
     (plain, plain_log, _), (on, on_log, _), (double, double_log, _) = steps
     assert plain_log["reward"] == on_log["reward"] == double_log["reward"]
-    start = {k: p.detach().clone() for k, p in load_checkpoint("tiny").model.named_parameters()}
     grpo, with_one, with_two = (_delta(t, start) for t in (plain, on, double))
     drafter = with_one - grpo
     assert drafter.norm() > 0.1 * grpo.norm()
@@ -158,14 +163,11 @@ def test_step_gradient_is_grpo_plus_lambda_times_drafter(steps):
 
 
 @pytest.mark.slow
-def test_without_grad_norms_the_step_is_the_same(steps, tmp_path):
+def test_without_grad_norms_the_step_is_the_same(steps, start, tmp_path):
     """`drafter_grad_norms: false` skips the two norm passes only: the same weight change, no norms logged."""
-    from grpo.checkpoint import load_checkpoint
-
     _, (on, on_log, _), _ = steps
     quiet, quiet_log, _ = _step(tmp_path, "quiet", drafter_loss_weight=1.0, drafter_targets="greedy",
                                 drafter_grad_norms=False)
-    start = {k: p.detach().clone() for k, p in load_checkpoint("tiny").model.named_parameters()}
     change = _delta(on, start)
     assert (_delta(quiet, start) - change).norm() < 1e-5 * change.norm()
     assert quiet_log["drafter/completions"] == on_log["drafter/completions"] > 0
