@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from statistics import fmean
 
 
@@ -23,12 +24,16 @@ def main() -> None:
     parser.add_argument("greedy", help="a compare's start evaluation of the same probe (start.*.json)")
     args = parser.parse_args()
 
-    from grpo.mining.store import MiningStore
+    from grpo.mining.store import MiningStore, read_json
 
-    records = MiningStore(args.mined).read_parts()
-    greedy = {row["index"]: row["reward"] for row in json.loads(open(args.greedy).read())}
+    store = MiningStore(args.mined)
+    probe = read_json(store.manifest)["pool"]
+    if not Path(args.greedy).name.startswith(f"start.{probe}-"):   # compare names it start.PROBE-SIZE-TOKENS.json
+        raise SystemExit(f"{args.mined} mined {probe}; {args.greedy} is not a compare's start file of it")
+    records = store.read_parts()
+    greedy = {row["index"]: row["reward"] for row in json.loads(Path(args.greedy).read_text())}
     if set(records) != set(greedy):
-        raise SystemExit(f"{args.mined} mined crops {len(records)}, {args.greedy} holds {len(greedy)}: not one probe")
+        raise SystemExit(f"{args.mined} mined {len(records)} crops, {args.greedy} holds {len(greedy)}")
     print(f"{'task':8} {'crops':>5} {'greedy':>7} {'sampled':>7} {'best':>7} {'best-greedy':>11} {'best wins':>9}")
     for task in ("text", "table", "formula", "all"):
         pick = [i for i, r in records.items() if task in ("all", r["task_type"])]
