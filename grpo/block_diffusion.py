@@ -33,7 +33,7 @@ class BlockDiffusionConfig:
     # GravityOCR's alpha form (src/models/glm_ocr_dllm.py, GlmOcrBlockDiffusion.__init__): L = (L_AR + alpha L_diff)
     # / (1 + alpha), the same mix as ar_loss_weight = 1 / alpha; given, it decides and the AR term is always kept
     diff_loss_weight: float | None = None
-    mask_schedule: str = "uniform"  # as docs/spec.md §2 writes it; nothing reads it (grpo.joint: t ~ U(0,1) per block)
+    mask_schedule: str = "uniform"  # as docs/spec.md §2 writes it; nothing reads it (grpo.joint writes its schedule)
     source: Path | None = field(default=None, compare=False, repr=False)  # the file read; saves copy it as written
 
     def __post_init__(self) -> None:

@@ -63,6 +63,21 @@ def test_per_block_noise_level_is_shared_inside_a_block():
     assert complementary_masks(10, 4, _gen(1)).shape == (10,)
 
 
+def test_full_mask_share_masks_whole_blocks_in_stream_one_and_zero_keeps_the_uniform_draws():
+    n, B = 40 * 8, 8
+    whole = complementary_masks(n, B, _gen(4), full_share=1.0)
+    assert whole.all()                           # t = 1 on every block: stream 1 is the draft window, stream 2 empty
+    half = complementary_masks(n, B, _gen(4), full_share=0.5).view(-1, B)
+    full_blocks = int(half.all(1).sum())
+    assert 10 <= full_blocks <= 32               # about half of the 40 blocks (a uniform t rarely masks all 8)
+    assert torch.equal(complementary_masks(n, B, _gen(4), full_share=0.0), complementary_masks(n, B, _gen(4)))
+    prompt, target = [5, 6, 7], [10, 11, 12, 13, 14]
+    ex = build_example(prompt, target, bd_size=4, mask_id=MASK, eos_id=EOS, gen=_gen(), full_share=1.0)
+    P, R = len(prompt), len(target) + 4
+    assert (ex["input_ids"][P + R: P + 2 * R] == MASK).all() and not (ex["input_ids"][P + 2 * R:] == MASK).any()
+    assert int((ex["labels_diff"] != IGNORE).sum()) == R   # every response token a target once, in stream 1
+
+
 def test_eos_rule_ar_counts_first_eos_diffusion_all():
     prompt, target, B = [5, 6], [10, 11, 12], 4
     ex = build_example(prompt, target, bd_size=B, mask_id=MASK, eos_id=EOS, gen=_gen())
@@ -109,6 +124,8 @@ def test_config_rejects_unknown_yaml_field_and_bad_values(tmp_path):
         JointConfig(ar_steps=0, joint_steps=0)
     with pytest.raises(ValueError, match="stop_at_step"):
         JointConfig(ar_steps=2, joint_steps=3, stop_at_step=6)
+    with pytest.raises(ValueError, match="full_mask_share"):
+        JointConfig(full_mask_share=1.5)
 
 
 def test_combine_weights_losses():
@@ -265,7 +282,7 @@ def test_saved_checkpoint_reloads_with_the_same_tokenization(tokenizer, tmp_path
     from grpo.joint.train import save
 
     model = _tiny(tokenizer).eval()
-    save(model, tokenizer, tmp_path, JointConfig(bd_size=4))
+    save(model, tokenizer, tmp_path, JointConfig(bd_size=4, full_mask_share=0.5))
     reloaded = AutoTokenizer.from_pretrained(tmp_path)
     for row in generate("tiny-probe", 9):
         assert reloaded(row["prompt"]).input_ids == tokenizer(row["prompt"]).input_ids
@@ -273,4 +290,5 @@ def test_saved_checkpoint_reloads_with_the_same_tokenization(tokenizer, tmp_path
             tokenizer(row["target"], add_special_tokens=False).input_ids
     ckpt = load_checkpoint(tmp_path, need_drafter=True)
     assert ckpt.bd.bd_size == 4 and ckpt.bd.mask_id == tokenizer.convert_tokens_to_ids("<|mask|>")
+    assert ckpt.bd.mask_schedule == "uniform, 0.5 of blocks full"   # the schedule it was trained with, recorded
     assert ckpt.model.config.head_dim == 32 and ckpt.model.generation_config.bos_token_id is None

@@ -56,13 +56,14 @@ def add_mask_token(model: Any, tokenizer: Any) -> int:
 
 
 def save_joint_checkpoint(model: Any, processor: Any, out_dir: str | Path, bd_size: int,
-                          ar_loss_weight: float = 1.0) -> BlockDiffusionConfig:
+                          ar_loss_weight: float = 1.0, mask_schedule: str = "uniform") -> BlockDiffusionConfig:
     """Write weights, tokenizer/processor and `block_diffusion.json` to `out_dir`; return the written config."""
     mask_id = tokenizer_of(processor).convert_tokens_to_ids(MASK_TOKEN)
     unk = tokenizer_of(processor).unk_token_id
     if mask_id is None or (unk is not None and mask_id == unk):
         raise CheckpointError(f"the tokenizer has no {MASK_TOKEN} token: call add_mask_token(model, tokenizer) first")
-    bd = BlockDiffusionConfig(bd_size=bd_size, mask_id=mask_id, ar_loss_weight=ar_loss_weight)
+    bd = BlockDiffusionConfig(bd_size=bd_size, mask_id=mask_id, ar_loss_weight=ar_loss_weight,
+                              mask_schedule=mask_schedule)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)

@@ -4,7 +4,8 @@ One forward per example over `[prompt | clean response | corrupted stream 1 | co
 - the response is the target followed by exactly B EOS tokens (B = `bd_size`);
 - the clean stream is causal and gives the AR next-token loss (targets: the response up to its first EOS);
 - for every block of B response tokens a noise level t ~ U(0,1) is drawn, stream 1 masks each token with
-  probability t and stream 2 masks exactly the other tokens of the block;
+  probability t and stream 2 masks exactly the other tokens of the block; with `full_share` p, a block is
+  drawn at t = 1 with probability p instead (stream 1 masks it whole: the draft window at inference);
 - a corrupted token of block b sees the prompt, the clean blocks before b and its own stream's block b
   (bidirectionally), never the clean block b or later, never the other stream;
 - every stream is shifted: the logits at response index k-1 predict token k, so the last position of block b
@@ -28,11 +29,14 @@ def _response(target_ids: list[int], eos_id: int, bd_size: int) -> list[int]:
     return list(target_ids) + [eos_id] * bd_size
 
 
-def complementary_masks(n: int, bd_size: int, gen: torch.Generator) -> torch.Tensor:
-    """(n,) bool: stream 1's mask; stream 2 masks the complement. One t ~ U(0,1) per block of `bd_size`."""
+def complementary_masks(n: int, bd_size: int, gen: torch.Generator, full_share: float = 0.0) -> torch.Tensor:
+    """(n,) bool: stream 1's mask; stream 2 masks the complement. One t ~ U(0,1) per block of `bd_size`, or
+    t = 1 (the whole block) with probability `full_share`."""
     n_blocks = -(-n // bd_size)
-    t = torch.rand(n_blocks, generator=gen).repeat_interleave(bd_size)[:n]
-    return torch.rand(n, generator=gen) < t
+    t = torch.rand(n_blocks, generator=gen)
+    if full_share:
+        t = torch.where(torch.rand(n_blocks, generator=gen) < full_share, 1.0, t)
+    return torch.rand(n, generator=gen) < t.repeat_interleave(bd_size)[:n]
 
 
 def joint_layout(prompt_len: int, resp_len: int, bd_size: int) -> torch.Tensor:
@@ -62,11 +66,12 @@ def _positions(prompt_positions: torch.Tensor | None, P: int, R: int, copies: in
 
 
 def build_example(prompt_ids: list[int], target_ids: list[int], *, bd_size: int, mask_id: int, eos_id: int,
-                  gen: torch.Generator, ar_only: bool = False,
+                  gen: torch.Generator, ar_only: bool = False, full_share: float = 0.0,
                   prompt_positions: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """One example's tokens, positions, (T, T) allow-matrix and AR / diffusion labels (IGNORE elsewhere).
 
-    AR-only: `[prompt | target EOS]` under causal attention. Joint: the four-segment layout of `joint_layout`.
+    AR-only: `[prompt | target EOS]` under causal attention. Joint: the four-segment layout of `joint_layout`,
+    its blocks masked by `complementary_masks(..., full_share)`.
     `prompt_positions` (3, P): an image prompt's M-RoPE positions (`grpo.joint.images`); positions are then 3-D.
     """
     P = len(prompt_ids)
@@ -84,7 +89,7 @@ def build_example(prompt_ids: list[int], target_ids: list[int], *, bd_size: int,
         return {"input_ids": ids, "position_ids": _positions(prompt_positions, P, R, 1), "labels_ar": ar_labels,
                 "labels_diff": torch.full((P + R,), IGNORE),
                 "allow": torch.tril(torch.ones(P + R, P + R, dtype=torch.bool))}
-    masked1 = complementary_masks(R, bd_size, gen)
+    masked1 = complementary_masks(R, bd_size, gen, full_share)
     streams, diff_labels = [], torch.full((P + 3 * R,), IGNORE)
     for s, masked in enumerate((masked1, ~masked1)):
         streams.append(torch.where(masked, mask_id, resp))

@@ -51,6 +51,9 @@ class JointConfig:
                 "drafts are accepted when they equal it; docs/joint.md)"})
     bd_size: int = field(default=16, metadata={"help": "block size B (drafting window)"})
     ar_loss_weight: float = field(default=1.0, metadata={"help": "w in (L_diff + w L_AR) / (1 + w)"})
+    full_mask_share: float = field(default=0.0, metadata={
+        "help": "share of blocks whose first corrupted stream is masked whole (t = 1), the one condition a draft "
+                "meets; the others draw t ~ U(0,1) (0: the uniform schedule of docs/spec.md §6; docs/joint.md)"})
     ar_steps: int = field(default=0, metadata={"help": "AR-only warm-up steps before the joint stage"})
     curriculum: list[int] = field(default_factory=list, metadata={
         "help": "steps on rows of at most 1, 2, ... lines, in turn, from the first step on; then every row (a "
@@ -102,6 +105,9 @@ class JointConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.ar_loss_weight < 0:
             raise ConfigError(f"ar_loss_weight must be >= 0, got {self.ar_loss_weight}")
+        if not 0 <= self.full_mask_share <= 1:
+            raise ConfigError(f"full_mask_share must be in [0, 1], got {self.full_mask_share}",
+                              setting="full_mask_share")
         if self.ar_steps < 0 or self.joint_steps < 0 or self.ar_steps + self.joint_steps == 0:
             raise ConfigError("ar_steps and joint_steps must be >= 0 and not both 0")
         if any(not isinstance(n, int) or n < 0 for n in self.curriculum) or sum(self.curriculum) > \
@@ -232,7 +238,7 @@ def _example(prompt_ids, target_ids, image_row, cfg: JointConfig, mask_id: int, 
     """`build_example` of one pair; an image row adds its M-RoPE positions and image inputs."""
     positions = image_row.positions if image_row is not None else None
     example = build_example(prompt_ids, target_ids, bd_size=cfg.bd_size, mask_id=mask_id, eos_id=eos_id, gen=gen,
-                            ar_only=ar_only, prompt_positions=positions)
+                            ar_only=ar_only, full_share=cfg.full_mask_share, prompt_positions=positions)
     if cfg.drafter_targets == "greedy" and not ar_only:
         example["greedy_src"] = verifier_sources(example, len(prompt_ids), len(target_ids), cfg.bd_size)
     return example if image_row is None else {**example, **image_row.images}
@@ -264,7 +270,10 @@ def _batch(pairs: list, cfg: JointConfig, rng: random.Random) -> list:
 def save(model, tokenizer, out_dir: str | Path, cfg: JointConfig) -> Path:
     from grpo.joint.mask_token import save_joint_checkpoint
 
-    save_joint_checkpoint(model, tokenizer, out_dir, bd_size=cfg.bd_size, ar_loss_weight=cfg.ar_loss_weight)
+    share = cfg.full_mask_share
+    schedule = {0: "uniform", 1: "full"}.get(share, f"uniform, {share:g} of blocks full")
+    save_joint_checkpoint(model, tokenizer, out_dir, bd_size=cfg.bd_size, ar_loss_weight=cfg.ar_loss_weight,
+                          mask_schedule=schedule)
     return Path(out_dir)
 
 
